@@ -1,0 +1,106 @@
+"""Admin routes under ``/admin`` (admin key from ``CROSSWAY_ADMIN_KEY``): tenants and API keys.
+
+Owns the HTTP shape of key management; the work is ``gateway.store.keys.KeyStore``'s. A revoke
+here takes effect on this replica at once (the authenticator forgets the key) and on others within
+``Settings.key_cache_ttl_s``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+from litestar.datastructures import State
+
+from gateway.auth import bearer_key, check_admin
+from gateway.errors import InvalidRequest, NotFound
+from gateway.store.keys import ConflictError, KeyInfo, NotFoundError, TenantInfo
+
+
+class _NewTenant(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+
+
+class _NewKey(msgspec.Struct, forbid_unknown_fields=True):
+    tenant: str
+    name: str | None = None
+
+
+def _admin(request: Request[object, object, State], state: State) -> None:
+    check_admin(bearer_key(request.headers.get("authorization"), request.headers.get("x-api-key")),
+                state.settings.admin_key)
+
+
+def _decode(body: bytes, kind: type[Any]) -> Any:
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"Invalid request body: {exc}") from exc
+
+
+def _tenant(t: TenantInfo) -> dict[str, Any]:
+    return {"id": t.id, "name": t.name, "created_at": t.created_at.isoformat(), "active_keys": t.active_keys}
+
+
+def _key(k: KeyInfo) -> dict[str, Any]:
+    return {"id": k.id, "tenant": k.tenant, "name": k.name, "prefix": k.prefix, "created_at": k.created_at.isoformat(),
+            "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None}
+
+
+def _json(obj: Any, status: int = 200) -> Response[bytes]:
+    return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
+
+
+@get("/admin/tenants", summary="List tenants")
+async def list_tenants(request: Request[object, object, State], state: State) -> Response[bytes]:
+    """Every tenant with its number of active keys."""
+    _admin(request, state)
+    return _json({"data": [_tenant(t) for t in await state.keys.list_tenants()]})
+
+
+@post("/admin/tenants", summary="Create a tenant")
+async def create_tenant(request: Request[object, object, State], state: State) -> Response[bytes]:
+    """Create a tenant by name."""
+    _admin(request, state)
+    new: _NewTenant = _decode(await request.body(), _NewTenant)
+    try:
+        return _json(_tenant(await state.keys.create_tenant(new.name)), 201)
+    except (ValueError, ConflictError) as exc:
+        raise InvalidRequest(str(exc), param="name") from exc
+
+
+@get("/admin/keys", summary="List API keys")
+async def list_keys(request: Request[object, object, State], state: State, tenant: str | None = None) -> Response[bytes]:
+    """Keys (never the secrets), optionally of one tenant."""
+    _admin(request, state)
+    return _json({"data": [_key(k) for k in await state.keys.list_keys(tenant)]})
+
+
+@post("/admin/keys", summary="Create an API key")
+async def create_key(request: Request[object, object, State], state: State) -> Response[bytes]:
+    """Create a key for a tenant (created if missing); the secret is in this response only."""
+    _admin(request, state)
+    new: _NewKey = _decode(await request.body(), _NewKey)
+    try:
+        info, raw = await state.keys.create_key(new.tenant, name=new.name)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="tenant") from exc
+    return _json({**_key(info), "key": raw}, 201)
+
+
+@delete("/admin/keys/{key:str}", status_code=200, summary="Revoke an API key")
+async def revoke_key(request: Request[object, object, State], state: State, key: str) -> Response[bytes]:
+    """Revoke a key by id or prefix."""
+    _admin(request, state)
+    try:
+        info = await state.keys.revoke_key(int(key) if key.isdigit() else key)
+    except NotFoundError as exc:
+        raise NotFound(str(exc)) from exc
+    except ConflictError as exc:
+        raise InvalidRequest(str(exc)) from exc
+    state.pipeline.auth.forget(info.key_hash)
+    return _json(_key(info))
+
+
+ROUTES = [list_tenants, create_tenant, list_keys, create_key, revoke_key]

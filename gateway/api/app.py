@@ -1,0 +1,95 @@
+"""The Litestar application: wiring at startup, teardown at shutdown, and ``serve``.
+
+Owns the process's long-lived objects (database, Redis client, the one pooled ``httpx.AsyncClient``,
+metrics, the pipeline), built once from ``Settings`` in the lifespan and kept on ``app.state``.
+Routes live in their own modules; the OpenAPI document is served at ``/openapi`` (JSON at
+``/openapi/openapi.json``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import structlog
+from litestar import Litestar
+from litestar.openapi import OpenAPIConfig
+from redis.asyncio import Redis
+
+from gateway.api import admin, anthropic, health, openai
+from gateway.api.errors import handle_exception
+from gateway.auth import Authenticator
+from gateway.obs import logging as obs_logging
+from gateway.obs.metrics import Metrics
+from gateway.pipeline import Pipeline, Runtime
+from gateway.policy import load_policy
+from gateway.settings import Settings
+from gateway.store.db import Database
+from gateway.store.keys import KeyStore, bootstrap
+
+log = structlog.get_logger("gateway.app")
+
+VERSION = "0.1.0"
+
+
+def create_app(settings: Settings) -> Litestar:
+    """Build the app. Nothing connects until the lifespan starts.
+
+    Raises:
+        PolicyError: the policy file is invalid (checked now, so a bad file fails before serving).
+    """
+    policy = load_policy(settings.policy_path, settings.env)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        db = Database.connect(settings.database_url)
+        redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
+        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200))
+        keys = KeyStore(db)
+        metrics = Metrics()
+        pipeline = Pipeline(settings, Authenticator(keys, settings.key_cache_ttl_s), Runtime(policy, client), metrics)
+        app.state.update(settings=settings, db=db, redis=redis, keys=keys, metrics=metrics, pipeline=pipeline)
+        if raw := await bootstrap(settings, keys):
+            print(f"crossway: created tenant 'default' with API key (shown once): {raw}", file=sys.stderr)  # noqa: T201
+        log.info("gateway_started", policy=policy.source, models=len(policy.models),
+                 providers=[name for name, p in policy.providers.items() if p.enabled])
+        try:
+            yield
+        finally:
+            await client.aclose()
+            if redis is not None:
+                await redis.aclose()
+            await db.aclose()
+
+    return Litestar(
+        route_handlers=[*openai.ROUTES, *anthropic.ROUTES, *health.ROUTES, *admin.ROUTES],
+        lifespan=[lifespan],
+        exception_handlers={Exception: handle_exception},
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="Crossway", version=VERSION, path="/openapi"),
+        debug=False,
+    )
+
+
+def from_env() -> Litestar:
+    """App factory for uvicorn workers: each worker reads its settings from the environment."""
+    return create_app(Settings.from_env())
+
+
+def serve(settings: Settings, workers: int = 1) -> None:
+    """Run the gateway with uvicorn until interrupted.
+
+    With several workers, each is its own process reading ``Settings.from_env()``; the CLI exports its
+    overrides to the environment first.
+    """
+    import uvicorn
+
+    obs_logging.configure(settings.log_level, settings.log_json)
+    options = {"host": settings.host, "port": settings.port, "log_level": "warning", "access_log": False,
+               "loop": "uvloop", "http": "httptools", "lifespan": "on"}
+    if workers > 1:
+        uvicorn.run("gateway.api.app:from_env", factory=True, workers=workers, **options)  # type: ignore[arg-type]
+    else:
+        uvicorn.run(create_app(settings), **options)  # type: ignore[arg-type]

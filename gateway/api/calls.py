@@ -1,0 +1,95 @@
+"""What every inference route does around the pipeline: identify the call, shape the HTTP response.
+
+Owns the request id (a safe ``x-request-id`` from the caller, or a fresh one), the API key's
+extraction from ``Authorization: Bearer`` or ``x-api-key``, the ``x-crossway-*`` headers that say
+which deployment served a request, and turning a pipeline result into JSON or an SSE stream (an error
+after the first byte becomes the wire's error event). Does not own any wire format's bytes.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+import structlog
+from litestar import Request, Response
+from litestar.datastructures import State
+from litestar.response import Stream
+
+from gateway.api.errors import to_gateway_error
+from gateway.auth import bearer_key
+from gateway.dispatch import Dispatched
+from gateway.errors import GatewayError
+from gateway.pipeline import Call, Completion, Streamed
+from gateway.types import ChatResponse, StreamEvent
+
+log = structlog.get_logger("gateway.api")
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def make_call(request: Request[object, object, object], endpoint: str) -> Call:
+    """Start a call: pick its request id, bind it to the log context, and find the API key."""
+    started = time.perf_counter()
+    given = request.headers.get("x-request-id")
+    request_id = given if given and _SAFE_ID.match(given) else secrets.token_hex(12)
+    request.scope.setdefault("state", {})["request_id"] = request_id  # type: ignore[typeddict-item]
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    key = bearer_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    return Call(request_id=request_id, api_key=key, endpoint=endpoint, started=started)
+
+
+def served_headers(call: Call, served_by: Dispatched) -> dict[str, str]:
+    """Response headers naming the deployment that answered and the attempts it took."""
+    target = served_by.target
+    return {
+        "x-request-id": call.request_id,
+        "x-crossway-provider": target.provider,
+        "x-crossway-model": target.model,
+        "x-crossway-attempts": ",".join(f"{a.target.provider}/{a.target.model}:{a.outcome}" for a in served_by.attempts),
+    }
+
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class StreamEncoder(Protocol):
+    """A wire format's stream encoder (``gateway.wire.openai.StreamEncoder`` or the Anthropic one)."""
+
+    def encode(self, event: StreamEvent) -> bytes: ...  # noqa: D102
+    def close(self) -> bytes: ...  # noqa: D102
+    def error(self, exc: GatewayError) -> bytes: ...  # noqa: D102
+
+
+def respond(
+    request: Request[object, object, State],
+    call: Call,
+    result: Completion | Streamed,
+    response_id: str,
+    encode: Callable[[ChatResponse, str], bytes],
+    stream_encoder: Callable[[Streamed, str], StreamEncoder],
+) -> Response[bytes] | Stream:
+    """The HTTP response for a pipeline result: JSON, or SSE through the wire's stream encoder."""
+    headers = served_headers(call, result.served_by)
+    if isinstance(result, Completion):
+        return Response(encode(result.response, response_id), media_type="application/json", headers=headers)
+    encoder = stream_encoder(result, response_id)
+    return Stream(_sse(request, encoder, result), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+
+
+async def _sse(request: Request[object, object, State], encoder: StreamEncoder, streamed: Streamed) -> AsyncIterator[bytes]:
+    """Encode a stream; an error after the first byte becomes an error event, never a clean end."""
+    try:
+        async for event in streamed.events:
+            chunk = encoder.encode(event)
+            if chunk:
+                yield chunk
+        yield encoder.close()
+    except Exception as exc:  # noqa: BLE001 - whatever broke, the client must see an error, not a clean close
+        err = to_gateway_error(request, exc)
+        log.error("stream_failed", status=err.status_code, error=type(err).__name__, message=err.message)
+        yield encoder.error(err)

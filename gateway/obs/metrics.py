@@ -1,0 +1,52 @@
+"""Prometheus metrics of the gateway, one registry per app so tests can run several apps.
+
+Owns metric names, labels and buckets. Stages call the small ``observe_*`` methods; nothing else
+touches prometheus_client.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """The gateway's metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("crossway_requests", "Requests served, by endpoint, model alias, provider and status.",
+                                ["endpoint", "model", "provider", "status"], registry=r)
+        self.duration = Histogram("crossway_request_duration_seconds", "Total request latency.",
+                                  ["endpoint", "provider"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("crossway_ttft_seconds", "Time to first token of streamed responses.",
+                              ["provider"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.attempts = Counter("crossway_upstream_attempts", "Upstream calls, by provider and outcome.",
+                                ["provider", "outcome"], registry=r)
+        self.tokens = Counter("crossway_tokens", "Tokens, by provider and kind (input, output, cached_input).",
+                              ["provider", "kind"], registry=r)
+
+    def observe_request(self, endpoint: str, model: str, provider: str, status: int, seconds: float) -> None:
+        """One finished request."""
+        self.requests.labels(endpoint, model, provider, str(status)).inc()
+        self.duration.labels(endpoint, provider).observe(seconds)
+
+    def observe_attempt(self, provider: str, outcome: str) -> None:
+        """One upstream call: ``ok`` or the error class name."""
+        self.attempts.labels(provider, outcome).inc()
+
+    def observe_tokens(self, provider: str, input_tokens: int, output_tokens: int, cached: int) -> None:
+        """Token counts of one request."""
+        self.tokens.labels(provider, "input").inc(input_tokens)
+        self.tokens.labels(provider, "output").inc(output_tokens)
+        if cached:
+            self.tokens.labels(provider, "cached_input").inc(cached)
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

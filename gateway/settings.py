@@ -1,0 +1,79 @@
+"""Process settings, read once from the environment into a frozen object and passed down.
+
+Owns: which database, Redis, policy file, admin key and limits the process uses, plus a snapshot of
+the environment variables that provider credentials may name. Does not own routing, limits or
+prices: those are policies (``policies/``), validated by ``gateway.policy``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the gateway process reads from its environment."""
+
+    database_url: str = "sqlite+aiosqlite:///crossway.db"
+    """SQLAlchemy async URL. ``postgresql://`` and ``sqlite://`` are upgraded to their async drivers."""
+    redis_url: str | None = None
+    """Shared cache, limits and queues; ``None`` means in-process implementations."""
+    policy_path: Path = DEFAULT_POLICY
+    """The routing policy file (YAML)."""
+    admin_key: str | None = field(default=None, repr=False)
+    """Bearer key for ``/admin`` routes; admin routes answer 403 while it is unset."""
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = 8 * 1024 * 1024
+    """Larger request bodies get 413."""
+    log_level: str = "info"
+    log_json: bool = True
+    log_content: bool = False
+    """Log prompt and completion text (debug only; off by default)."""
+    key_cache_ttl_s: float = 10.0
+    """How long a verified API key is trusted without asking the database again; bounds how late a
+    revocation reaches other replicas (a replica that revokes forgets the key at once)."""
+    bootstrap: bool = True
+    """On first start with no tenants, create tenant ``default`` and print one key."""
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    """Snapshot of the environment variables that policies may name for provider keys and URLs."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Read settings from ``environ`` (default ``os.environ``); keyword overrides win."""
+        e = dict(os.environ if environ is None else environ)
+        values: dict[str, object] = {
+            "database_url": e.get("DATABASE_URL", cls.database_url),
+            "redis_url": e.get("REDIS_URL") or None,
+            "policy_path": Path(e["CROSSWAY_POLICY"]) if e.get("CROSSWAY_POLICY") else DEFAULT_POLICY,
+            "admin_key": e.get("CROSSWAY_ADMIN_KEY") or None,
+            "host": e.get("CROSSWAY_HOST", cls.host),
+            "port": int(e.get("CROSSWAY_PORT", cls.port)),
+            "max_body_bytes": int(e.get("CROSSWAY_MAX_BODY_BYTES", cls.max_body_bytes)),
+            "log_level": e.get("CROSSWAY_LOG_LEVEL", cls.log_level).lower(),
+            "log_json": e.get("CROSSWAY_LOG_FORMAT", "json") == "json",
+            "log_content": e.get("CROSSWAY_LOG_CONTENT", "") in {"1", "true", "yes"},
+            "env": MappingProxyType(e),
+        }
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def async_database_url(self) -> str:
+        """The database URL with its async driver named."""
+        return async_url(self.database_url)
+
+
+def async_url(url: str) -> str:
+    """Name the async driver in a SQLAlchemy URL: ``postgresql://`` -> ``postgresql+asyncpg://``."""
+    for plain, driver in (("postgresql://", "postgresql+asyncpg://"), ("postgres://", "postgresql+asyncpg://"),
+                          ("sqlite://", "sqlite+aiosqlite://")):
+        if url.startswith(plain):
+            return driver + url[len(plain):]
+    return url

@@ -1,0 +1,104 @@
+"""The gateway's tables as SQLAlchemy 2 typed declarative models.
+
+Owns: table and column definitions and the constraint naming convention, so that constraint and index
+names are the same on SQLite and PostgreSQL and migrations can refer to them. Does not own schema
+changes: every change here needs a migration in ``migrations/versions/`` (a test compares the two).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import DateTime, ForeignKey, MetaData, String, func
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Dialect
+
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+"""Alembic's recommended convention; migrations spell out the same names."""
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware in UTC."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that is always timezone-aware UTC in Python, on both back-ends.
+
+    PostgreSQL stores ``timestamptz``; SQLite has no time zones, so values are stored as naive UTC and
+    read back as aware UTC.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Convert to UTC; naive on SQLite.
+
+        Raises:
+            ValueError: ``value`` is naive (its time zone would be a guess).
+        """
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware value")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        """Read back as timezone-aware UTC."""
+        if value is None:
+            return None
+        if not isinstance(value, datetime):  # pragma: no cover - both drivers return datetime
+            raise TypeError(f"expected a datetime from the database, got {type(value).__name__}")
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base; its ``metadata`` carries the naming convention."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Tenant(Base):
+    """A team or application that owns API keys; usage, limits and budgets are accounted per tenant."""
+
+    __tablename__ = "tenants"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    """Lower-case slug, validated by ``gateway.store.keys.validate_tenant_name``."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, server_default=func.now())
+
+    keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant", passive_deletes=True)
+
+
+class ApiKey(Base):
+    """One API key of a tenant. Only the SHA-256 of the key is stored; the key itself is shown once."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str | None] = mapped_column(String(128))
+    """Free-form label chosen at creation (``--name``)."""
+    prefix: Mapped[str] = mapped_column(String(16), index=True)
+    """The key's first characters, shown in listings and accepted by ``revoke``."""
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    """Lower-case hex SHA-256 of the whole key."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, server_default=func.now())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    """Refreshed at most once a minute per replica, when the key is verified against the database."""
+
+    tenant: Mapped[Tenant] = relationship(back_populates="keys")

@@ -1,0 +1,123 @@
+"""Frozen configuration: the model's shape (``ModelConfig``) and the engine's limits (``EngineConfig``).
+
+Owns the numbers every other module reads; it does not read files (``loader`` builds a
+``ModelConfig`` from a Hugging Face ``config.json`` or GGUF metadata) nor environment variables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """Llama 3.1 style RoPE frequency scaling (``rope_type: llama3``)."""
+
+    factor: float
+    """Divides the low frequencies."""
+    low_freq_factor: float
+    """Wavelengths above ``original_max_position / low_freq_factor`` are fully scaled."""
+    high_freq_factor: float
+    """Wavelengths below ``original_max_position / high_freq_factor`` are left alone."""
+    original_max_position: int
+    """Context length the model was pre-trained with."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Shape of a Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2)."""
+
+    vocab_size: int
+    """Rows of the embedding and of the LM head."""
+    hidden_size: int
+    """Residual stream width C."""
+    intermediate_size: int
+    """Width of the SiLU-gated MLP."""
+    num_layers: int
+    """Decoder blocks."""
+    num_heads: int
+    """Query heads."""
+    num_kv_heads: int
+    """Key/value heads (grouped-query attention when fewer than ``num_heads``)."""
+    head_dim: int
+    """Per-head width; usually ``hidden_size // num_heads`` but Mistral Nemo and others differ."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+    rope_scaling: RopeScaling | None = None
+    """Llama 3.1 frequency scaling, or None."""
+    rms_norm_eps: float = 1e-6
+    """Epsilon of every RMSNorm."""
+    tie_word_embeddings: bool = False
+    """LM head shares the embedding matrix."""
+    qkv_bias: bool = False
+    """Q, K and V projections carry a bias (Qwen2, Llama with ``attention_bias``)."""
+    o_bias: bool = False
+    """The output projection carries a bias (Llama with ``attention_bias``)."""
+    mlp_bias: bool = False
+    """Gate, up and down projections carry a bias."""
+    max_position_embeddings: int = 4096
+    """Longest context the model supports."""
+    bos_token_id: int | None = None
+    """Beginning-of-sequence token, if any."""
+    eos_token_ids: tuple[int, ...] = ()
+    """Tokens that end generation unless a request sets ``ignore_eos``."""
+    architecture: str = "llama"
+    """Family name, for logs and ``/v1/models``."""
+
+    def num_params(self) -> int:
+        """Count the parameters (the tied LM head counted once)."""
+        c, h = self.hidden_size, self.head_dim
+        attn = c * h * (self.num_heads * 2 + self.num_kv_heads * 2)
+        mlp = 3 * c * self.intermediate_size
+        per_layer = attn + mlp + 2 * c
+        head = 0 if self.tie_word_embeddings else self.vocab_size * c
+        return self.vocab_size * c + self.num_layers * per_layer + c + head
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Limits and switches of one engine instance."""
+
+    block_size: int = 16
+    """Tokens per KV block."""
+    num_kv_blocks: int | None = None
+    """KV blocks in the pool; None sizes the pool from ``kv_cache_memory_bytes``."""
+    kv_cache_memory_bytes: int = 256 * 1024 * 1024
+    """Memory given to the KV pool when ``num_kv_blocks`` is None."""
+    max_num_seqs: int = 32
+    """Most requests running in one step."""
+    max_num_batched_tokens: int = 512
+    """Per-step token budget shared by prefill chunks and decodes."""
+    max_model_len: int | None = None
+    """Longest prompt plus output; None takes ``min(model max, 8192)``."""
+    long_prefill_token_threshold: int = 0
+    """Largest prefill chunk of one request per step (0: only the step budget limits it)."""
+    dtype: DType = "float32"
+    """Weights, activations and KV cache dtype."""
+    device: str = "cpu"
+    """Torch device."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks across requests by chained block hash."""
+    salt_by_tenant: bool = True
+    """Mix each request's tenant into its block hashes, so tenants never share KV blocks."""
+    num_threads: int | None = None
+    """Torch intra-op threads on the CPU; None leaves torch's default."""
+    peak_flops: float = 2.0e11
+    """Device peak FLOP/s, for the MFU estimate (default: a rough 2-core AVX2 CPU)."""
+    peak_memory_bandwidth: float = 2.0e10
+    """Device peak bytes/s, for the MBU estimate (default: a rough 2-core CPU)."""
+    served_model_name: str = field(default="")
+    """Name shown by ``/v1/models``; empty takes the model's file or folder name."""
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.max_num_seqs <= 0:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")

@@ -1,0 +1,212 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2) over a flattened batch with a paged KV cache.
+
+Owns the module tree, the mapping from Hugging Face parameter names to our fused parameters
+(``load_weights``) and the forward pass. Does not own reading files (``loader``), choosing which
+tokens run (``scheduler``) or the KV block bookkeeping (``kv_cache``): the forward receives token
+ids, their positions, the per-layer cache tensors and an ``AttentionMetadata``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from selfhost.models import ops
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from selfhost.config import ModelConfig
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+def _bias(enabled: bool, size: int) -> nn.Parameter | None:
+    return _param(size) if enabled else None
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with a fused QKV projection."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.nh * self.hd, self.nkv * self.hd
+        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size)
+        self.qkv_bias = _bias(cfg.qkv_bias, self.q_size + 2 * self.kv_size)
+        self.o_weight = _param(cfg.hidden_size, self.q_size)
+        self.o_bias = _bias(cfg.o_bias, cfg.hidden_size)
+        self.scale = self.hd**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: ops.AttentionMetadata,
+    ) -> torch.Tensor:
+        N = x.shape[0]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # (N, (nh + 2 nkv) hd)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(N, self.nh, self.hd)  # (N, nh, hd)
+        k = k.view(N, self.nkv, self.hd)  # (N, nkv, hd)
+        v = v.view(N, self.nkv, self.hd)
+        q, k = ops.apply_rope(q, k, cos, sin)
+        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        o = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)  # (N, nh, hd)
+        return F.linear(o.reshape(N, self.q_size), self.o_weight, self.o_bias)  # (N, C)
+
+
+class MLP(nn.Module):
+    """SiLU-gated MLP with the gate and up projections fused into one matmul."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_weight = _param(2 * self.inter, cfg.hidden_size)
+        self.gate_up_bias = _bias(cfg.mlp_bias, 2 * self.inter)
+        self.down_weight = _param(cfg.hidden_size, self.inter)
+        self.down_bias = _bias(cfg.mlp_bias, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).split(self.inter, dim=-1)  # 2 x (N, I)
+        return F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)  # (N, C)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.eps = cfg.rms_norm_eps
+        self.attn_norm = _param(cfg.hidden_size)
+        self.attn = Attention(cfg)
+        self.mlp_norm = _param(cfg.hidden_size)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: ops.AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.attn(ops.rms_norm(x, self.attn_norm, self.eps), cos, sin, k_cache, v_cache, meta)
+        return x + self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps))
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder stack plus LM head; ``forward`` returns hidden states, ``compute_logits`` the logits."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = _param(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = _param(cfg.hidden_size)
+        self.lm_head = self.embed if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
+        inv_freq = None
+        if cfg.rope_scaling is not None:
+            rs = cfg.rope_scaling
+            inv_freq = ops.llama3_inv_freq(
+                cfg.head_dim, cfg.rope_theta, rs.factor, rs.low_freq_factor, rs.high_freq_factor, rs.original_max_position
+            )
+        cos, sin = ops.rope_cos_sin(cfg.head_dim, max_positions, cfg.rope_theta, inv_freq)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (P, hd) fp32
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: ops.AttentionMetadata,
+    ) -> torch.Tensor:
+        """Run ``(N,)`` token ids at ``(N,)`` positions; return final-normed hidden states ``(N, C)``."""
+        x = F.embedding(input_ids, self.embed)  # (N, C)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (N, hd)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, k_cache, v_cache, meta)
+        return ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Project ``(M, C)`` hidden states to ``(M, vocab)`` fp32 logits."""
+        return F.linear(hidden, self.lm_head).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors into our (partly fused) parameters.
+
+        Raises:
+            ValueError: a name is unknown, or a parameter is left unloaded.
+        """
+        cfg = self.cfg
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        # HF projection -> (our parameter suffix, row offset, rows)
+        fused = {
+            "self_attn.q_proj": ("attn.qkv", 0, q),
+            "self_attn.k_proj": ("attn.qkv", q, kv),
+            "self_attn.v_proj": ("attn.qkv", q + kv, kv),
+            "self_attn.o_proj": ("attn.o", 0, cfg.hidden_size),
+            "mlp.gate_proj": ("mlp.gate_up", 0, cfg.intermediate_size),
+            "mlp.up_proj": ("mlp.gate_up", cfg.intermediate_size, cfg.intermediate_size),
+            "mlp.down_proj": ("mlp.down", 0, cfg.hidden_size),
+        }
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            target, start = self._target(name, fused)
+            if target is None:
+                continue
+            if target not in params:
+                raise ValueError(f"weight {name!r} maps to unknown parameter {target!r}")
+            dst = params[target].data
+            dst.narrow(0, start, tensor.shape[0]).copy_(tensor) if start >= 0 else dst.copy_(tensor)
+            loaded.add(f"{target}@{start}")
+        expected = self._expected_keys(fused)
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
+
+    def _target(self, name: str, fused: dict[str, tuple[str, int, int]]) -> tuple[str | None, int]:
+        name = name.removeprefix("model.")
+        if name == "embed_tokens.weight":
+            return "embed", -1
+        if name == "norm.weight":
+            return "norm", -1
+        if name == "lm_head.weight":
+            return (None, -1) if self.cfg.tie_word_embeddings else ("lm_head", -1)
+        if name.startswith("layers.") and name.endswith("rotary_emb.inv_freq"):
+            return None, -1
+        parts = name.split(".")  # layers.{i}.{module...}.{weight|bias}
+        prefix, rest, kind = f"layers.{parts[1]}", ".".join(parts[2:-1]), parts[-1]
+        if rest == "input_layernorm":
+            return f"{prefix}.attn_norm", -1
+        if rest == "post_attention_layernorm":
+            return f"{prefix}.mlp_norm", -1
+        if rest in fused:
+            suffix, start, _ = fused[rest]
+            return f"{prefix}.{suffix}_{kind}", start
+        raise ValueError(f"unexpected weight {name!r}")
+
+    def _expected_keys(self, fused: dict[str, tuple[str, int, int]]) -> set[str]:
+        cfg = self.cfg
+        keys = {"embed@-1", "norm@-1"} | (set() if cfg.tie_word_embeddings else {"lm_head@-1"})
+        for i in range(cfg.num_layers):
+            keys |= {f"layers.{i}.attn_norm@-1", f"layers.{i}.mlp_norm@-1"}
+            for hf, (suffix, start, _) in fused.items():
+                keys.add(f"layers.{i}.{suffix}_weight@{start}")
+                bias = (hf in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj") and cfg.qkv_bias) or (
+                    (hf == "self_attn.o_proj" and cfg.o_bias) or (hf.startswith("mlp.") and cfg.mlp_bias)
+                )
+                if bias:
+                    keys.add(f"layers.{i}.{suffix}_bias@{start}")
+        return keys
