@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import yaml
@@ -19,6 +19,7 @@ import yaml
 from gateway.errors import UnknownModel
 
 ProviderKind = Literal["openai", "anthropic", "gemini"]
+_S = TypeVar("_S", bound=msgspec.Struct)
 
 _DEFAULT_BASE_URLS: dict[str, str] = {
     "openai": "https://api.openai.com/v1",
@@ -62,10 +63,10 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class PolicyDoc(msgspec.Struct, forbid_unknown_fields=True):
-    """The whole policy file."""
+    """The whole policy file. Entries are validated one by one so errors can name their key."""
 
-    providers: dict[str, ProviderSpec] = msgspec.field(default_factory=dict)
-    models: dict[str, ModelSpec] = msgspec.field(default_factory=dict)
+    providers: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    models: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     passthrough: bool = True
     """Let clients ask for ``provider/model`` directly when the provider is enabled."""
     version: int = 1
@@ -160,14 +161,14 @@ def parse_policy(text: str, env: Mapping[str, str], *, source: str = "<policy>")
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise PolicyError(f"{source}: not valid YAML: {exc}") from exc
-    try:
-        doc = msgspec.convert(raw if raw is not None else {}, PolicyDoc)
-    except msgspec.ValidationError as exc:
-        raise PolicyError(f"{source}: {exc}") from exc
-
-    providers = {name: _provider_config(name, spec, env) for name, spec in doc.providers.items()}
+    doc = _convert(raw if raw is not None else {}, PolicyDoc, "$", source)
+    providers = {
+        name: _provider_config(name, _convert(spec, ProviderSpec, f"$.providers.{name}", source), env)
+        for name, spec in doc.providers.items()
+    }
+    specs = {alias: _convert(spec, ModelSpec, f"$.models.{alias}", source) for alias, spec in doc.models.items()}
     models: dict[str, tuple[Target, ...]] = {}
-    for alias, spec in doc.models.items():
+    for alias, spec in specs.items():
         if not spec.targets:
             raise PolicyError(f"{source}: `$.models.{alias}.targets` must name at least one target")
         for i, t in enumerate(spec.targets):
@@ -176,6 +177,15 @@ def parse_policy(text: str, env: Mapping[str, str], *, source: str = "<policy>")
                                   f"{t.provider!r} (known: {', '.join(sorted(providers)) or 'none'})")
         models[alias] = tuple(Target(t.provider, t.model) for t in spec.targets)
     return Policy(source=source, providers=providers, models=models, passthrough=doc.passthrough)
+
+
+def _convert(raw: object, kind: type[_S], path: str, source: str) -> _S:
+    try:
+        return msgspec.convert(raw, kind)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        message = message.replace("`$", f"`{path}") if "`$" in message else f"{message} - at `{path}`"
+        raise PolicyError(f"{source}: {message}") from exc
 
 
 def _provider_config(name: str, spec: ProviderSpec, env: Mapping[str, str]) -> ProviderConfig:

@@ -48,15 +48,16 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Read settings from ``environ`` (default ``os.environ``); keyword overrides win."""
         e = dict(os.environ if environ is None else environ)
+        d = cls()  # the defaults (class attributes of a slots dataclass are descriptors, not values)
         values: dict[str, object] = {
-            "database_url": e.get("DATABASE_URL", cls.database_url),
+            "database_url": e.get("DATABASE_URL", d.database_url),
             "redis_url": e.get("REDIS_URL") or None,
             "policy_path": Path(e["CROSSWAY_POLICY"]) if e.get("CROSSWAY_POLICY") else DEFAULT_POLICY,
             "admin_key": e.get("CROSSWAY_ADMIN_KEY") or None,
-            "host": e.get("CROSSWAY_HOST", cls.host),
-            "port": int(e.get("CROSSWAY_PORT", cls.port)),
-            "max_body_bytes": int(e.get("CROSSWAY_MAX_BODY_BYTES", cls.max_body_bytes)),
-            "log_level": e.get("CROSSWAY_LOG_LEVEL", cls.log_level).lower(),
+            "host": e.get("CROSSWAY_HOST", d.host),
+            "port": int(e.get("CROSSWAY_PORT", d.port)),
+            "max_body_bytes": int(e.get("CROSSWAY_MAX_BODY_BYTES", d.max_body_bytes)),
+            "log_level": e.get("CROSSWAY_LOG_LEVEL", d.log_level).lower(),
             "log_json": e.get("CROSSWAY_LOG_FORMAT", "json") == "json",
             "log_content": e.get("CROSSWAY_LOG_CONTENT", "") in {"1", "true", "yes"},
             "env": MappingProxyType(e),

@@ -65,9 +65,13 @@ class Upstream:
             InvalidRequest: the vendor rejected the request as malformed (400/422).
         """
         with transport_errors(self.name):
-            response = await self.client.post(url, content=encode_json(body), headers=self.headers, timeout=self.timeout)
+            response = await self.client.post(
+                url, content=encode_json(body), headers=self.headers, timeout=self.timeout
+            )
         if not response.is_success:
-            raise self.status_error(response.status_code, error_message(response.content), response.headers.get("retry-after"))
+            raise self.status_error(
+                response.status_code, error_message(response.content), response.headers.get("retry-after")
+            )
         return self.decode(response.content, into)
 
     @contextlib.asynccontextmanager
@@ -78,14 +82,18 @@ class Upstream:
             UpstreamError: transport failure or non-2xx status (the error body is read first).
             InvalidRequest: the vendor rejected the request as malformed (400/422).
         """
-        request = self.client.build_request("POST", url, content=encode_json(body), headers=self.headers, timeout=self.timeout)
+        request = self.client.build_request(
+            "POST", url, content=encode_json(body), headers=self.headers, timeout=self.timeout
+        )
         with transport_errors(self.name):
             response = await self.client.send(request, stream=True)
         try:
             if not response.is_success:
                 with transport_errors(self.name):
                     await response.aread()
-                raise self.status_error(response.status_code, error_message(response.content), response.headers.get("retry-after"))
+                raise self.status_error(
+                    response.status_code, error_message(response.content), response.headers.get("retry-after")
+                )
             yield response
         finally:
             await response.aclose()

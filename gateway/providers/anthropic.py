@@ -32,7 +32,17 @@ import msgspec
 from gateway.errors import InvalidRequest
 from gateway.providers._http import Upstream, encode_json
 from gateway.providers.base import iter_sse
-from gateway.types import ChatResponse, Finish, ImagePart, TextDelta, TextPart, ToolCall, ToolCallDelta, Usage, UsageEvent
+from gateway.types import (
+    ChatResponse,
+    Finish,
+    ImagePart,
+    TextDelta,
+    TextPart,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+    UsageEvent,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -280,7 +290,11 @@ def build_body(request: ChatRequest, model: str, *, stream: bool) -> dict[str, A
     choice: dict[str, Any] | None = None
     if request.tool_choice is not None:
         mode = request.tool_choice.mode
-        choice = {"type": "tool", "name": request.tool_choice.name} if mode == "tool" else {"type": {"required": "any"}.get(mode, mode)}
+        choice = (
+            {"type": "tool", "name": request.tool_choice.name}
+            if mode == "tool"
+            else {"type": {"required": "any"}.get(mode, mode)}
+        )
     if _json_mode(request):
         fmt = request.response_format
         schema = fmt.schema if fmt is not None and fmt.type == "json_schema" and fmt.schema else {"type": "object"}

@@ -91,7 +91,9 @@ def transport_errors(provider: str) -> Iterator[None]:
         raise ProviderUnavailable(f"{provider}: upstream transport error ({type(exc).__name__})") from exc
 
 
-def status_error(provider: str, status: int, message: str, retry_after: str | None = None) -> UpstreamError | InvalidRequest:
+def status_error(
+    provider: str, status: int, message: str, retry_after: str | None = None
+) -> UpstreamError | InvalidRequest:
     """The gateway error for a vendor's non-2xx status. ``message`` is the vendor's own error text.
 
     400/422 are the caller's fault and pass through as ``InvalidRequest``; 401/403/404 mean our

@@ -1,0 +1,115 @@
+"""A request's state inside the engine core.
+
+Owns the token ids (prompt then output), ``num_computed_tokens`` (how many of them have KV in the
+cache; it catches up to ``num_tokens`` through prefix hits, prefill chunks and decodes alike), the
+status, the block hashes and the per-request random generator. Does not own its KV blocks
+(``kv_cache``) or its text (``output``).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from selfhost.block_hash import extend_block_hashes
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from selfhost.block_hash import BlockHash
+    from selfhost.sampling import SamplingParams
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is in its life."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def finished(self) -> bool:
+        """Whether the request is done (for any reason)."""
+        return self in _FINISH_REASONS
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        """The OpenAI ``finish_reason`` of a finished status, else None."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS: dict[RequestStatus, FinishReason] = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Request:
+    """One generation request; mutated only by the engine thread."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        cache_salt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.params = params
+        self.cache_salt = cache_salt
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1
+        """Prompt tokens found in the prefix cache at first scheduling (-1: not scheduled yet)."""
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.block_hashes: list[BlockHash] = []
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+        self.first_token_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens so far."""
+        return len(self.all_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """Generated tokens so far (a copy)."""
+        return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Generated tokens so far."""
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    def append_output_token(self, token_id: int) -> None:
+        """Record a sampled token; ``num_tokens`` grows by one, so the next step computes it."""
+        self.all_token_ids.append(token_id)
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+
+    def update_block_hashes(self, block_size: int) -> list[BlockHash]:
+        """Hash blocks that became full; return all of this request's block hashes."""
+        return extend_block_hashes(self.block_hashes, self.all_token_ids, block_size, self.cache_salt)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )

@@ -1,0 +1,116 @@
+"""Sampling parameters of a request and the sampler turning logits into next tokens.
+
+Owns validation of the parameters (``SamplingParams``) and greedy, temperature, top-k and top-p
+sampling with a per-request ``torch.Generator`` when seeded, plus logprobs. Does not own stop
+strings (``output``) or token-based stopping (``scheduler``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from selfhost.request import Request
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How one request picks its tokens and when it stops."""
+
+    max_tokens: int = 16
+    """Most tokens to generate (at least 1)."""
+    temperature: float = 1.0
+    """0 means greedy; otherwise logits are divided by it."""
+    top_p: float = 1.0
+    """Nucleus: keep the smallest set of tokens whose probability reaches ``top_p`` (0 < top_p <= 1)."""
+    top_k: int = 0
+    """Keep the ``top_k`` most likely tokens (0 or -1: all)."""
+    seed: int | None = None
+    """Seeds this request's own generator, so its samples repeat whatever else runs beside it."""
+    stop: tuple[str, ...] = ()
+    """Generation ends before the first of these strings; the string is not part of the output."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Generation ends after one of these tokens (the token is kept in the ids, not in the text)."""
+    ignore_eos: bool = False
+    """Keep going past the model's end-of-sequence tokens."""
+    logprobs: int | None = None
+    """Return the chosen token's logprob and this many top alternatives (0..20); None: none."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 or positive, got {self.top_k}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the pick is the argmax (temperature 0 or top_k 1)."""
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class TokenLogprobs(NamedTuple):
+    """Log-softmax of the raw logits (before temperature) at one position."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+    """``(token id, logprob)`` of the most likely tokens, best first."""
+
+
+class SamplerOutput(NamedTuple):
+    """One sampled token (and its logprobs when asked) per sampled request, in batch order."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
+    """Pick the next token of each request from its ``(B, V)`` fp32 logits row."""
+    token_ids: list[int] = logits.argmax(dim=-1).tolist()  # greedy for all, then overwrite the random ones
+    for i, req in enumerate(requests):
+        if not req.params.greedy:
+            token_ids[i] = _sample_row(logits[i], req.params, req.generator)
+    out_logprobs: list[TokenLogprobs | None] = [None] * len(requests)
+    wanted = [i for i, req in enumerate(requests) if req.params.logprobs is not None]
+    if wanted:
+        logp = torch.log_softmax(logits[wanted], dim=-1)  # (W, V)
+        for row, i in enumerate(wanted):
+            k = requests[i].params.logprobs or 0
+            top = logp[row].topk(k) if k else None
+            out_logprobs[i] = TokenLogprobs(
+                token_id=token_ids[i],
+                logprob=float(logp[row, token_ids[i]]),
+                top=list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else [],
+            )
+    return SamplerOutput(token_ids, out_logprobs)
+
+
+def _sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    scaled = logits / params.temperature  # (V,)
+    if params.top_k > 0:
+        kth = scaled.topk(min(params.top_k, scaled.shape[0])).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = scaled.sort(descending=True)
+        probs = sorted_logits.softmax(-1)
+        # NOTE(crossway): drop a token when the tokens strictly before it already reach top_p,
+        # so the most likely token always survives.
+        drop = (probs.cumsum(-1) - probs) >= params.top_p
+        scaled = scaled.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
+    probs = scaled.softmax(-1)
+    return int(torch.multinomial(probs, 1, generator=generator).item())

@@ -1,0 +1,81 @@
+from pathlib import Path
+
+import pytest
+
+from gateway.errors import UnknownModel
+from gateway.policy import PolicyError, Target, load_policy, parse_policy
+from gateway.settings import DEFAULT_POLICY
+
+POLICY = """
+providers:
+  oa: {kind: openai, api_key_env: OA_KEY, base_url_env: OA_URL}
+  an: {kind: anthropic, api_key_env: AN_KEY}
+  local: {kind: openai, base_url: "http://127.0.0.1:9/v1", api_key_required: false}
+models:
+  fast:
+    targets: [{provider: oa, model: gpt-x}, {provider: an, model: claude-x}]
+  only-anthropic:
+    targets: [{provider: an, model: claude-x}]
+"""
+
+
+def test_resolve_keeps_policy_order_and_drops_unconfigured_providers():
+    policy = parse_policy(POLICY, {"OA_KEY": "k"})
+    assert policy.resolve("fast").targets == (Target("oa", "gpt-x"),)
+    both = parse_policy(POLICY, {"OA_KEY": "k", "AN_KEY": "k2"})
+    assert both.resolve("fast").targets == (Target("oa", "gpt-x"), Target("an", "claude-x"))
+
+
+def test_resolve_raises_unknown_model_naming_missing_provider():
+    policy = parse_policy(POLICY, {"OA_KEY": "k"})
+    with pytest.raises(UnknownModel, match="configure an"):
+        policy.resolve("only-anthropic")
+    with pytest.raises(UnknownModel, match="does not exist"):
+        policy.resolve("nope")
+
+
+def test_resolve_passthrough_reaches_provider_model_directly():
+    policy = parse_policy(POLICY, {})
+    assert policy.resolve("local/my-model").targets == (Target("local", "my-model"),)
+    with pytest.raises(UnknownModel):
+        policy.resolve("unknown/my-model")
+    closed = parse_policy(POLICY + "\npassthrough: false\n", {})
+    with pytest.raises(UnknownModel):
+        closed.resolve("local/my-model")
+
+
+def test_provider_credentials_come_from_the_environment_snapshot():
+    policy = parse_policy(POLICY, {"OA_KEY": "secret", "OA_URL": "http://127.0.0.1:1/v1/"})
+    oa = policy.providers["oa"]
+    assert oa.api_key == "secret" and oa.base_url == "http://127.0.0.1:1/v1"
+    assert "secret" not in repr(oa)
+    assert policy.providers["an"].base_url == "https://api.anthropic.com"
+    assert policy.available_models() == ["fast"]
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("models: {a: {targets: [{provider: nope, model: m}]}}", "`$.models.a.targets[0].provider`: unknown provider 'nope'"),
+        ("providers: {p: {kind: cohere}}", "$.providers.p.kind"),
+        ("providers: {p: {kind: openai, colour: blue}}", "unknown field `colour`"),
+        ("models: {a: {targets: []}}", "`$.models.a.targets` must name at least one target"),
+        ("models: [1, 2", "not valid YAML"),
+    ],
+)
+def test_parse_policy_errors_name_the_file_and_key_path(text, fragment):
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, {}, source="policies/x.yaml")
+    assert str(info.value).startswith("policies/x.yaml: ")
+    assert fragment in str(info.value)
+
+
+def test_load_policy_reports_missing_file(tmp_path: Path):
+    with pytest.raises(PolicyError, match="cannot read policy file"):
+        load_policy(tmp_path / "absent.yaml", {})
+
+
+def test_default_policy_loads_and_enables_providers_by_sdk_variables():
+    policy = load_policy(DEFAULT_POLICY, {"ANTHROPIC_API_KEY": "k"})
+    assert policy.available_models() == ["claude-haiku-4-5", "claude-sonnet-4-5"]
+    assert load_policy(DEFAULT_POLICY, {}).available_models() == []
