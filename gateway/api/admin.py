@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.datastructures import State
+from litestar.params import FromPath, FromQuery
 
 from gateway.auth import bearer_key, check_admin
 from gateway.errors import InvalidRequest, NotFound
@@ -56,7 +57,7 @@ def _json(obj: Any, status: int = 200) -> Response[bytes]:
 async def list_tenants(request: Request[object, object, State], state: State) -> Response[bytes]:
     """Every tenant with its number of active keys."""
     _admin(request, state)
-    return _json({"data": [_tenant(t) for t in await state.keys.list_tenants()]})
+    return _json({"data": [_tenant(t) for t in await state.key_store.list_tenants()]})
 
 
 @post("/admin/tenants", summary="Create a tenant")
@@ -65,16 +66,16 @@ async def create_tenant(request: Request[object, object, State], state: State) -
     _admin(request, state)
     new: _NewTenant = _decode(await request.body(), _NewTenant)
     try:
-        return _json(_tenant(await state.keys.create_tenant(new.name)), 201)
+        return _json(_tenant(await state.key_store.create_tenant(new.name)), 201)
     except (ValueError, ConflictError) as exc:
         raise InvalidRequest(str(exc), param="name") from exc
 
 
 @get("/admin/keys", summary="List API keys")
-async def list_keys(request: Request[object, object, State], state: State, tenant: str | None = None) -> Response[bytes]:
+async def list_keys(request: Request[object, object, State], state: State, tenant: FromQuery[str | None] = None) -> Response[bytes]:
     """Keys (never the secrets), optionally of one tenant."""
     _admin(request, state)
-    return _json({"data": [_key(k) for k in await state.keys.list_keys(tenant)]})
+    return _json({"data": [_key(k) for k in await state.key_store.list_keys(tenant)]})
 
 
 @post("/admin/keys", summary="Create an API key")
@@ -83,18 +84,18 @@ async def create_key(request: Request[object, object, State], state: State) -> R
     _admin(request, state)
     new: _NewKey = _decode(await request.body(), _NewKey)
     try:
-        info, raw = await state.keys.create_key(new.tenant, name=new.name)
+        info, raw = await state.key_store.create_key(new.tenant, name=new.name)
     except ValueError as exc:
         raise InvalidRequest(str(exc), param="tenant") from exc
     return _json({**_key(info), "key": raw}, 201)
 
 
 @delete("/admin/keys/{key:str}", status_code=200, summary="Revoke an API key")
-async def revoke_key(request: Request[object, object, State], state: State, key: str) -> Response[bytes]:
+async def revoke_key(request: Request[object, object, State], state: State, key: FromPath[str]) -> Response[bytes]:
     """Revoke a key by id or prefix."""
     _admin(request, state)
     try:
-        info = await state.keys.revoke_key(int(key) if key.isdigit() else key)
+        info = await state.key_store.revoke_key(int(key) if key.isdigit() else key)
     except NotFoundError as exc:
         raise NotFound(str(exc)) from exc
     except ConflictError as exc:

@@ -50,7 +50,7 @@ def create_app(settings: Settings) -> Litestar:
         keys = KeyStore(db)
         metrics = Metrics()
         pipeline = Pipeline(settings, Authenticator(keys, settings.key_cache_ttl_s), Runtime(policy, client), metrics)
-        app.state.update(settings=settings, db=db, redis=redis, keys=keys, metrics=metrics, pipeline=pipeline)
+        app.state.update(settings=settings, db=db, redis=redis, key_store=keys, metrics=metrics, pipeline=pipeline)
         if raw := await bootstrap(settings, keys):
             print(f"crossway: created tenant 'default' with API key (shown once): {raw}", file=sys.stderr)  # noqa: T201
         log.info("gateway_started", policy=policy.source, models=len(policy.models),

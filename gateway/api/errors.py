@@ -7,6 +7,8 @@ each error once: ``warning`` for 4xx, ``error`` for 5xx. Never returns a stack t
 
 from __future__ import annotations
 
+import secrets
+
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
@@ -60,9 +62,7 @@ def handle_exception(request: Request[object, object, object], exc: Exception) -
     level("request_failed", status=err.status_code, error=type(err).__name__, message=err.message,
           path=request.url.path)
     body = anthropic.render_error(err) if is_anthropic(request.url.path) else openai.render_error(err)
-    headers = {}
-    if request_id := request.scope.get("state", {}).get("request_id"):
-        headers["x-request-id"] = request_id
+    headers = {"x-request-id": request.scope.get("state", {}).get("request_id") or secrets.token_hex(12)}
     if isinstance(err, RateLimited | ProviderRateLimited) and err.retry_after is not None:
         headers["retry-after"] = str(max(1, round(err.retry_after)))
     return Response(body, status_code=err.status_code, media_type="application/json", headers=headers)

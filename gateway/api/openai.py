@@ -12,6 +12,7 @@ from typing import Literal
 
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
+from litestar.params import FromPath
 from litestar.response import Stream
 
 from gateway.api.calls import make_call, respond, served_headers
@@ -57,7 +58,7 @@ async def list_models(request: Request[object, object, State], state: State) -> 
 
 
 @get("/v1/models/{model:path}", summary="Retrieve a model")
-async def retrieve_model(request: Request[object, object, State], state: State, model: str) -> Response[bytes]:
+async def retrieve_model(request: Request[object, object, State], state: State, model: FromPath[str]) -> Response[bytes]:
     """One model alias."""
     call = make_call(request, "models")
     model = model.lstrip("/")

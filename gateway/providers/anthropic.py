@@ -99,7 +99,7 @@ class _Usage(msgspec.Struct):
 
 
 class _Message(msgspec.Struct):
-    content: list[_Block] = msgspec.field(default_factory=list)
+    content: list[_Block]
     model: str | None = None
     stop_reason: str | None = None
     usage: _Usage | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anthropic
@@ -40,18 +40,31 @@ models:
 
 @dataclass
 class Gateway:
-    """A running gateway and what tests need to talk to it."""
+    """A running gateway and what tests need to talk to it: one SDK client of each kind, reused."""
 
     url: str
     key: str
     server: GatewayServer
     upstream: FakeUpstream
+    clients: list[openai.OpenAI | anthropic.Anthropic] = field(default_factory=list)
 
-    def openai(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0, **kw)
+    def openai(self) -> openai.OpenAI:
+        return self._client(openai.OpenAI, base_url=f"{self.url}/v1")
 
-    def anthropic(self, **kw) -> anthropic.Anthropic:
-        return anthropic.Anthropic(base_url=self.url, api_key=self.key, max_retries=0, **kw)
+    def anthropic(self) -> anthropic.Anthropic:
+        return self._client(anthropic.Anthropic, base_url=self.url)
+
+    def _client(self, kind, **kw):
+        for client in self.clients:
+            if isinstance(client, kind):
+                return client
+        client = kind(api_key=self.key, max_retries=0, timeout=20, **kw)
+        self.clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
 
 
 def _free_port() -> int:
@@ -92,5 +105,7 @@ def start_gateway(upstream: FakeUpstream, workdir: Path, **overrides: object) ->
 @pytest.fixture(scope="session")
 def gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     server, key = start_gateway(upstream, tmp_path_factory.mktemp("gateway"))
-    yield Gateway(server.url, key, server, upstream)
+    gw = Gateway(server.url, key, server, upstream)
+    yield gw
+    gw.close()
     server.stop()

@@ -1,0 +1,206 @@
+"""The engine core: requests in, one step at a time, outputs out.
+
+Owns the step (``schedule -> run model -> sample -> emit outputs``), request validation and the
+wiring of scheduler, KV cache manager, model runner, sampler, output processor and metrics. Does
+not own threads or asyncio (``async_engine``), HTTP (``server``) or fetching models (``fetch``).
+Single-threaded: every method must be called from one thread.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from selfhost import loader
+from selfhost.config import EngineConfig, ModelConfig
+from selfhost.kv_cache import KVCacheManager
+from selfhost.metrics import EngineMetrics, MetricsSnapshot
+from selfhost.output import OutputProcessor, RequestOutput
+from selfhost.request import Request, RequestStatus
+from selfhost.runner import ModelRunner, kv_bytes_per_block
+from selfhost.sampling import SamplingParams, sample
+from selfhost.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from selfhost.models.llama import LlamaForCausalLM
+    from selfhost.tokenizer import Tokenizer
+
+_DEFAULT_MAX_MODEL_LEN = 8192
+
+
+class LLMEngine:
+    """A model, its paged KV cache and a scheduler; ``step`` runs one iteration over all live requests."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        model_config: ModelConfig,
+        tokenizer: Tokenizer | None,
+        config: EngineConfig | None = None,
+        model_name: str = "model",
+    ) -> None:
+        cfg = config or EngineConfig()
+        self.config = cfg
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.model_name = cfg.served_model_name or model_name
+        dtype = loader.torch_dtype(cfg.dtype)
+        block_bytes = kv_bytes_per_block(model_config, cfg.block_size, dtype)
+        num_blocks = cfg.num_kv_blocks or max(1, cfg.kv_cache_memory_bytes // block_bytes)
+        self.max_model_len = min(_max_model_len(cfg, model_config, num_blocks), int(model.rope_cos.shape[0]))
+        self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        eos = set(model_config.eos_token_ids) | set(tokenizer.eos_token_ids if tokenizer else ())
+        self.scheduler = Scheduler(cfg, self.kv, self.max_model_len, eos)
+        self.runner = ModelRunner(model, model_config, num_blocks, cfg.block_size, dtype, cfg.device)
+        self.outputs = OutputProcessor(tokenizer)
+        param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.metrics = EngineMetrics(model_config, cfg, param_bytes, block_bytes // cfg.block_size)
+
+    @classmethod
+    def from_model(cls, model: str | Path, config: EngineConfig | None = None) -> LLMEngine:
+        """Load a model by name (``smollm2``), GGUF file or Hugging Face folder, fetching the default one if needed."""
+        from selfhost.fetch import resolve_model
+        from selfhost.tokenizer import load_tokenizer
+
+        cfg = config or EngineConfig()
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        path = resolve_model(str(model))
+        model_cfg = loader.load_model_config(path)
+        max_positions = min(cfg.max_model_len or _DEFAULT_MAX_MODEL_LEN, model_cfg.max_position_embeddings)
+        net = loader.load_model(path, model_cfg, loader.torch_dtype(cfg.dtype), max_positions)
+        tokenizer = load_tokenizer(path, model_cfg.eos_token_ids, model_cfg.bos_token_id)
+        name = str(model) if not Path(str(model)).exists() else path.stem
+        return cls(net.to(cfg.device), model_cfg, tokenizer, cfg, model_name=name)
+
+    # requests in
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        *,
+        tenant: str | None = None,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """Validate and queue a request.
+
+        Args:
+            request_id: unique among live requests.
+            prompt: text (encoded with the model's tokenizer, BOS added if the model wants it) or token ids.
+            params: sampling parameters.
+            tenant: whose request this is; salts its block hashes when ``salt_by_tenant`` is on.
+            cache_salt: explicit salt that overrides the tenant's (a policy letting tenants share KV).
+
+        Raises:
+            ValueError: empty prompt, prompt or prompt + max_tokens beyond the context, unknown
+                token ids, or a duplicate request id.
+        """
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request id {request_id!r} is already live")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer; pass token ids")
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = list(prompt)
+        self._validate(token_ids, params)
+        salt = cache_salt if cache_salt is not None else (tenant if self.config.salt_by_tenant else None)
+        request = Request(request_id, token_ids, params, cache_salt=salt)
+        self.scheduler.add_request(request)
+        self.outputs.add(request)
+        return request
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens; this model's context is {self.max_model_len} "
+                "(shorten the prompt or raise max_model_len)"
+            )
+        if len(token_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
+                f"of {self.max_model_len} tokens; lower max_tokens to at most {self.max_model_len - len(token_ids)}"
+            )
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """End requests now and free their KV blocks at once (unknown ids are ignored)."""
+        for request_id in request_ids:
+            request = self.scheduler.requests.get(request_id)
+            if request is not None:
+                self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+                self.outputs.remove(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is waiting or running."""
+        return self.scheduler.has_unfinished()
+
+    # the loop
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration: schedule -> run model -> sample -> emit outputs."""
+        batch = self.scheduler.schedule()
+        if not batch.requests:
+            return []
+        started = time.perf_counter()
+        logits = self.runner.execute(batch, self.kv)  # (S, V) for the requests whose last token ran
+        sampling = batch.sampling_requests
+        sampled = sample(logits, sampling)
+        self.scheduler.update(batch, {r.request_id: t for r, t in zip(sampling, sampled.token_ids, strict=True)})
+        self.metrics.on_step(batch, len(sampling), time.perf_counter() - started)
+        outputs = []
+        for request, token_id, logprobs in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True):
+            if request.num_output_tokens == 1:
+                self.metrics.on_first_token(request)
+            out = self.outputs.process(request, token_id, logprobs)
+            if out.finished:
+                if not request.status.finished:  # a stop string ended it
+                    self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
+                self.metrics.on_finish(request)
+            outputs.append(out)
+        return outputs
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """Current metrics (queue, KV blocks, prefix hits, latencies, utilisation)."""
+        return self.metrics.snapshot(self.scheduler, self.kv)
+
+    def generate(
+        self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[list[int]]:
+        """Run prompts to completion together and return each one's generated token ids (for scripts and tests)."""
+        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        ids = [f"generate-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+        for request_id, prompt, p in zip(ids, prompts, per_prompt, strict=True):
+            self.add_request(request_id, prompt, p)
+        tokens: dict[str, list[int]] = {i: [] for i in ids}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                tokens[out.request_id].extend(out.token_ids)
+        return [tokens[i] for i in ids]
+
+
+def _max_model_len(cfg: EngineConfig, model_cfg: ModelConfig, num_blocks: int) -> int:
+    pool_tokens = num_blocks * cfg.block_size
+    if cfg.max_model_len is not None:
+        if cfg.max_model_len > model_cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {cfg.max_model_len} exceeds the model's {model_cfg.max_position_embeddings} positions"
+            )
+        if cfg.max_model_len > pool_tokens:
+            raise ValueError(
+                f"max_model_len {cfg.max_model_len} does not fit the KV pool of {pool_tokens} tokens; "
+                "raise num_kv_blocks or kv_cache_memory_bytes, or lower max_model_len"
+            )
+        return cfg.max_model_len
+    return min(model_cfg.max_position_embeddings, _DEFAULT_MAX_MODEL_LEN, pool_tokens)

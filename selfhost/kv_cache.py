@@ -1,0 +1,210 @@
+"""The paged KV cache's bookkeeping: fixed-size ref-counted blocks, block tables and the prefix cache.
+
+Owns which block ids exist, who holds them (reference counts), each request's block table, the
+index from chained block hash to cached block, and the free queue that doubles as the LRU of
+cached blocks. Does not own the cache tensors themselves (``runner``) nor the decision of what to
+run or preempt (``scheduler``); ``allocate_slots`` returns None and leaves the choice to its caller.
+
+Free-queue order (the eviction order, front first):
+
+1. At start every block is free, in id order ``[0, 1, ..., N-1]``.
+2. Allocation pops from the front. A popped block that still carries a hash is evicted from the
+   prefix cache at that moment.
+3. When a request frees its blocks, they are walked from its last block to its first: a block
+   whose count drops to zero and that carries a hash goes to the *back* (kept longest); one with no
+   hash (a partial block, or a duplicate of an already cached block) goes to the *front*, since
+   nothing is lost by reusing it first. So among a request's cached blocks the tail is evicted
+   before the head, and a shared prefix lives longest.
+4. A prefix hit on a free cached block takes it out of the queue (its count goes to one).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from selfhost.block_hash import BlockHash
+    from selfhost.request import Request
+
+
+@dataclass(slots=True)
+class KVBlock:
+    """One block of ``block_size`` token slots in every layer's cache."""
+
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None
+
+
+class BlockPool:
+    """All blocks, the free queue and the hash index. Single-threaded: the engine thread owns it."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached: dict[BlockHash, KVBlock] = {}
+
+    @property
+    def num_blocks(self) -> int:
+        """Size of the pool."""
+        return len(self.blocks)
+
+    def num_free_blocks(self) -> int:
+        """Blocks with no holder (cached or not): what allocation can use."""
+        return len(self._free)
+
+    def free_block_ids(self) -> list[int]:
+        """The free queue, front (evicted next) first."""
+        return list(self._free)
+
+    def cached_block_ids(self) -> dict[BlockHash, int]:
+        """The prefix-cache index: hash -> block id (a copy)."""
+        return {h: b.block_id for h, b in self._cached.items()}
+
+    def lookup(self, block_hash: BlockHash) -> KVBlock | None:
+        """The cached block with this hash, if any; does not change counts or order."""
+        return self._cached.get(block_hash)
+
+    def allocate(self, n: int) -> list[KVBlock]:
+        """Pop ``n`` blocks from the front of the free queue, evicting their hashes; each gets count 1.
+
+        Raises:
+            RuntimeError: fewer than ``n`` blocks are free (callers check ``num_free_blocks`` first).
+        """
+        if n > len(self._free):
+            raise RuntimeError(f"asked for {n} KV blocks, {len(self._free)} free")
+        out = []
+        for _ in range(n):
+            block_id, _ = self._free.popitem(last=False)
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                del self._cached[block.block_hash]
+                block.block_hash = None
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def touch(self, blocks: Sequence[KVBlock]) -> None:
+        """Take another reference on each block (a prefix hit), removing free ones from the queue."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self._free[block.block_id]
+            block.ref_cnt += 1
+
+    def free(self, blocks: Sequence[KVBlock]) -> None:
+        """Drop one reference on each of a request's blocks (given in table order); see the module doc for order."""
+        for block in reversed(blocks):
+            block.ref_cnt -= 1
+            assert block.ref_cnt >= 0, f"block {block.block_id} freed twice"
+            if block.ref_cnt == 0:
+                self._free[block.block_id] = None
+                if block.block_hash is None:
+                    self._free.move_to_end(block.block_id, last=False)
+
+    def cache(self, block: KVBlock, block_hash: BlockHash) -> None:
+        """Index a full block under its hash; a hash already indexed keeps its first block."""
+        if block_hash not in self._cached and block.block_hash is None:
+            block.block_hash = block_hash
+            self._cached[block_hash] = block
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every hash (blocks in use keep their contents)."""
+        for block in self._cached.values():
+            block.block_hash = None
+        self._cached.clear()
+
+
+class PrefixHit(NamedTuple):
+    """Cached blocks that cover a request's leading tokens."""
+
+    blocks: list[KVBlock]
+    num_tokens: int
+
+
+class KVCacheManager:
+    """Block tables per request on top of a ``BlockPool``, with prefix-cache lookups and hit statistics."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._tables: dict[str, list[KVBlock]] = {}
+        self._num_hashed: dict[str, int] = {}
+        self.prefix_query_tokens = 0
+        """Prompt tokens looked up in the prefix cache (counted once per request admission)."""
+        self.prefix_hit_tokens = 0
+        """Of those, tokens found."""
+
+    def block_ids(self, request_id: str) -> list[int]:
+        """The request's block table as ids (a copy; empty when it holds none)."""
+        return [b.block_id for b in self._tables.get(request_id, ())]
+
+    def usage(self) -> float:
+        """Fraction of blocks held by some request."""
+        return 1.0 - self.pool.num_free_blocks() / self.pool.num_blocks
+
+    def find_prefix(self, request: Request) -> PrefixHit:
+        """Longest run of the request's leading full blocks found in the prefix cache.
+
+        Does not take references; pass the blocks to ``allocate_slots``.
+        """
+        if not self.enable_prefix_caching:
+            return PrefixHit([], 0)
+        hashes = request.update_block_hashes(self.block_size)
+        # NOTE(crossway): at most num_tokens - 1 tokens may hit: the last token must still run
+        # through the model to give the logits of the next one.
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        blocks: list[KVBlock] = []
+        for block_hash in hashes[:max_blocks]:
+            block = self.pool.lookup(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        self.prefix_query_tokens += request.num_tokens
+        self.prefix_hit_tokens += len(blocks) * self.block_size
+        return PrefixHit(blocks, len(blocks) * self.block_size)
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, prefix_blocks: Sequence[KVBlock] = ()
+    ) -> list[KVBlock] | None:
+        """Make room for ``num_new_tokens`` more tokens of ``request`` after its computed ones (and prefix hit).
+
+        Returns:
+            The newly allocated blocks, or None (and no change at all) when the pool cannot supply them.
+        """
+        table = self._tables.get(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(prefix_blocks) * self.block_size
+        total = num_computed + num_new_tokens
+        need = -(-total // self.block_size) - len(table) - len(prefix_blocks)
+        # a hit on a free cached block takes it out of the free queue too
+        reclaimed = sum(1 for b in prefix_blocks if b.ref_cnt == 0)
+        if need > self.pool.num_free_blocks() - reclaimed:
+            return None
+        self.pool.touch(prefix_blocks)
+        new = self.pool.allocate(max(need, 0))
+        table = self._tables.setdefault(request.request_id, table)
+        table.extend(prefix_blocks)
+        table.extend(new)
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(request, table, total)
+        return new
+
+    def _cache_full_blocks(self, request: Request, table: list[KVBlock], num_tokens: int) -> None:
+        # NOTE(crossway): blocks are indexed when scheduled, before their KV is written. A request
+        # hitting them in the same step is safe: every layer writes all new K/V before attending.
+        hashes = request.update_block_hashes(self.block_size)
+        start = self._num_hashed.get(request.request_id, 0)
+        end = min(num_tokens // self.block_size, len(hashes))
+        for i in range(start, end):
+            self.pool.cache(table[i], hashes[i])
+        self._num_hashed[request.request_id] = max(start, end)
+
+    def free(self, request: Request) -> None:
+        """Release all of the request's blocks (idempotent)."""
+        table = self._tables.pop(request.request_id, [])
+        self._num_hashed.pop(request.request_id, None)
+        self.pool.free(table)

@@ -1,0 +1,123 @@
+"""From sampled tokens to what a client sees: incremental text, stop strings, per-step outputs.
+
+Owns incremental detokenization (text deltas that never split a UTF-8 character), stop strings
+(the output is cut right before the first match, and text that might still become a stop string
+is held back while streaming) and the ``RequestOutput`` record. Does not own token-based stops
+(``scheduler``) or finishing requests (the engine does, when this module reports a stop string).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from selfhost.request import FinishReason, Request
+    from selfhost.sampling import TokenLogprobs
+    from selfhost.tokenizer import Tokenizer
+
+_PROMPT_TAIL = 6  # prompt tokens that seed the detokenizer, so the first output token decodes in context
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What one step produced for one request: deltas, plus the totals so far."""
+
+    request_id: str
+    token_ids: list[int]
+    """Tokens generated this step."""
+    text: str
+    """Text released this step (may lag ``token_ids`` while a stop string could still match)."""
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    """The stop string or stop token id that ended the request, if any."""
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache."""
+
+
+@dataclass(slots=True)
+class _TextState:
+    ids: list[int]
+    prefix_offset: int
+    read_offset: int
+    text: str = ""
+    emitted: int = 0
+
+
+class OutputProcessor:
+    """Per-request text state. Used only by the engine thread."""
+
+    def __init__(self, tokenizer: Tokenizer | None) -> None:
+        self.tokenizer = tokenizer
+        self._states: dict[str, _TextState] = {}
+
+    def add(self, request: Request) -> None:
+        """Start tracking a request's text."""
+        tail = request.all_token_ids[max(0, request.num_prompt_tokens - _PROMPT_TAIL) : request.num_prompt_tokens]
+        self._states[request.request_id] = _TextState(ids=tail, prefix_offset=0, read_offset=len(tail))
+
+    def remove(self, request_id: str) -> None:
+        """Stop tracking (idempotent)."""
+        self._states.pop(request_id, None)
+
+    def process(self, request: Request, token_id: int, logprobs: TokenLogprobs | None) -> RequestOutput:
+        """Account one new token of ``request``; detect a stop string (sets ``request.stop_reason``).
+
+        The caller finishes the request when the returned output says ``finished`` and the
+        request's status is not finished yet.
+        """
+        state = self._states[request.request_id]
+        stops = request.params.stop
+        finished, reason = request.status.finished, request.status.finish_reason
+        if not (finished and reason == "stop"):  # an EOS or stop token id adds no text
+            searched_from = max(0, len(state.text) - max((len(s) for s in stops), default=0) + 1)
+            state.text += self._delta(state, token_id)
+            hit = _find_stop(state.text, stops, searched_from) if stops else None
+            if hit is not None:
+                state.text = state.text[: hit[0]]
+                request.stop_reason = hit[1]
+                finished, reason = True, "stop"
+        hold = 0 if finished else max((len(s) - 1 for s in stops), default=0)
+        release_to = max(state.emitted, len(state.text) - hold)
+        text = state.text[state.emitted : release_to]
+        state.emitted = release_to
+        if finished:
+            self.remove(request.request_id)
+        return RequestOutput(
+            request_id=request.request_id,
+            token_ids=[token_id],
+            text=text,
+            finished=finished,
+            finish_reason=reason,
+            stop_reason=request.stop_reason,
+            logprobs=[logprobs] if logprobs is not None else [],
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+        )
+
+    def _delta(self, state: _TextState, token_id: int) -> str:
+        state.ids.append(token_id)
+        if self.tokenizer is None:
+            return ""
+        # NOTE(crossway): decode a short window before and after the new token and keep the
+        # difference; a trailing U+FFFD means an unfinished UTF-8 sequence, so wait for more tokens.
+        before = self.tokenizer.decode(state.ids[state.prefix_offset : state.read_offset])
+        after = self.tokenizer.decode(state.ids[state.prefix_offset :])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            state.prefix_offset, state.read_offset = state.read_offset, len(state.ids)
+            return after[len(before) :]
+        return ""
+
+
+def _find_stop(text: str, stops: tuple[str, ...], start: int) -> tuple[int, str] | None:
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        index = text.find(stop, start)
+        if index >= 0 and (best is None or index < best[0]):
+            best = (index, stop)
+    return best

@@ -1,0 +1,79 @@
+"""Turns a scheduled batch into tensors, runs the model over them and returns logits.
+
+Owns the KV cache tensors (one ``(num_blocks, block_size, nkv, hd)`` key and value tensor per
+layer), the flattening of many requests' new tokens into one batch with positions and slot
+mapping, and picking the rows that are sampled. Does not own which blocks a request has (it reads
+``KVCacheManager`` block tables) nor sampling.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from selfhost.models.ops import AttentionMetadata
+
+if TYPE_CHECKING:
+    from selfhost.config import ModelConfig
+    from selfhost.kv_cache import KVCacheManager
+    from selfhost.models.llama import LlamaForCausalLM
+    from selfhost.scheduler import ScheduledBatch
+
+
+def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one KV block takes across all layers (keys and values)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+class ModelRunner:
+    """Owns the model and its paged KV cache tensors; ``execute`` runs one step."""
+
+    def __init__(
+        self, model: LlamaForCausalLM, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str
+    ) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.block_size = block_size
+        self.device = torch.device(device)
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
+            for _ in range(cfg.num_layers)
+        ]
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch, kv: KVCacheManager) -> torch.Tensor:
+        """Run the batch's new tokens; return ``(S, vocab)`` fp32 logits of its S sampling requests, in order."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start = [0]
+        seq_lens: list[int] = []
+        block_tables: list[torch.Tensor] = []
+        logits_rows: list[int] = []
+        for request, num_new in zip(batch.requests, batch.num_new_tokens, strict=True):
+            start, end = request.num_computed_tokens, request.num_computed_tokens + num_new
+            table = kv.block_ids(request.request_id)
+            input_ids.extend(request.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            query_start.append(query_start[-1] + num_new)
+            seq_lens.append(end)
+            block_tables.append(torch.tensor(table, dtype=torch.long, device=self.device))
+            if end == request.num_tokens:
+                logits_rows.append(query_start[-1] - 1)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            query_start=query_start,
+            seq_lens=seq_lens,
+            block_tables=block_tables,
+            block_size=bs,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, pos, self.kv_caches, meta)  # (N, C)
+        rows = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
+        return self.model.compute_logits(hidden[rows])  # (S, V)

@@ -1,0 +1,168 @@
+"""Iteration-level scheduling: which requests run how many tokens in the next step.
+
+Owns the waiting queue and the running list, the per-step token budget, chunked prefill, prefix
+hits at admission, preemption by recompute, and token-based stopping (EOS, stop token ids,
+max_tokens, max_model_len) after each step. Does not own the model, sampling, text or stop strings.
+
+One rule covers everything: a request has ``num_tokens`` token ids and ``num_computed_tokens`` of
+them in the KV cache; each step gives it ``min(num_tokens - num_computed_tokens, budget left)``
+tokens. A prefill is that rule with a large gap, a chunked prefill the same rule with a small
+budget, a prefix hit a head start on ``num_computed_tokens``, a decode a gap of one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from selfhost.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from selfhost.config import EngineConfig
+    from selfhost.kv_cache import KVCacheManager
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    """The plan of one step. ``requests[i]`` runs ``num_new_tokens[i]`` tokens from its ``num_computed_tokens``."""
+
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens that run through the model this step."""
+        return sum(self.num_new_tokens)
+
+    @property
+    def sampling_requests(self) -> list[Request]:
+        """Requests whose last token runs this step, so the step samples their next token."""
+        return [r for r, n in zip(self.requests, self.num_new_tokens, strict=True) if r.num_computed_tokens + n == r.num_tokens]
+
+
+class Scheduler:
+    """Continuous batching over a ``KVCacheManager``. Single-threaded: the engine thread owns it."""
+
+    def __init__(self, cfg: EngineConfig, kv: KVCacheManager, max_model_len: int, eos_token_ids: Iterable[int]) -> None:
+        self.cfg = cfg
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    def add_request(self, request: Request) -> None:
+        """Queue a validated request at the back of the waiting queue."""
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        """Whether any request waits or runs."""
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        """Plan the next step: running requests first (oldest first), then admissions from the waiting queue."""
+        batch = ScheduledBatch()
+        budget = self.cfg.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
+            # NOTE(crossway): when blocks run out, preempt the newest running request (the end of
+            # the list) and retry; a request can end up preempting itself. Victims always sit after
+            # index i, so nothing already in this step's batch is preempted.
+            while self.kv.allocate_slots(request, num_new) is None:
+                victim = self.running.pop()
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                break
+            batch.requests.append(request)
+            batch.num_new_tokens.append(num_new)
+            budget -= num_new
+            i += 1
+        if batch.preempted:
+            return batch  # no admissions in a step that had to preempt
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            request = self.waiting[0]
+            hit = self.kv.find_prefix(request)
+            num_new = self._chunk(request.num_tokens - hit.num_tokens, budget)
+            if self.kv.allocate_slots(request, num_new, hit.blocks) is None:
+                break
+            self.waiting.popleft()
+            request.num_computed_tokens = hit.num_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = hit.num_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            batch.requests.append(request)
+            batch.num_new_tokens.append(num_new)
+            budget -= num_new
+        return batch
+
+    def _chunk(self, remaining: int, budget: int) -> int:
+        limit = self.cfg.long_prefill_token_threshold or remaining
+        return min(remaining, budget, limit)
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def update(self, batch: ScheduledBatch, sampled: dict[str, int]) -> list[Request]:
+        """Advance computed tokens, append sampled tokens, apply token-based stops.
+
+        Args:
+            batch: the step's plan, as returned by ``schedule``.
+            sampled: request id -> sampled token, for the batch's sampling requests.
+
+        Returns:
+            The requests that got a new token this step (finished ones already freed).
+        """
+        updated = []
+        for request, num_new in zip(batch.requests, batch.num_new_tokens, strict=True):
+            request.num_computed_tokens += num_new
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue
+            request.append_output_token(token)
+            status = self._check_stop(request, token)
+            if status is not None:
+                self.finish(request, status)
+            updated.append(request)
+        return updated
+
+    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            request.stop_reason = None
+            return RequestStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            request.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """End a request (any state): free its blocks at once and forget it."""
+        if request.status.finished:
+            return
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv.free(request)
+        self.requests.pop(request.request_id, None)
