@@ -10,7 +10,6 @@ retries with backoff and circuit breakers (the routing issue adds those here).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
@@ -19,6 +18,8 @@ import structlog
 from gateway.errors import AllTargetsFailed, ProviderBadResponse, UpstreamError
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+
     from gateway.obs.metrics import Metrics
     from gateway.policy import Plan, Target
     from gateway.providers.base import Provider
@@ -63,13 +64,12 @@ def _record(attempts: list[Attempt], metrics: Metrics, target: Target, outcome: 
     attempts.append(Attempt(target, outcome, time.perf_counter() - started))
     metrics.observe_attempt(target.provider, outcome)
     if outcome != "ok":
-        log.warning("provider_call_failed", target=f"{target.provider}/{target.model}", error=outcome,
-                    attempt=len(attempts))
+        log.warning(
+            "provider_call_failed", target=f"{target.provider}/{target.model}", error=outcome, attempt=len(attempts)
+        )
 
 
-async def _first_answer(
-    plan: Plan, metrics: Metrics, call: Callable[[Target], Awaitable[T]]
-) -> tuple[T, Dispatched]:
+async def _first_answer(plan: Plan, metrics: Metrics, call: Callable[[Target], Awaitable[T]]) -> tuple[T, Dispatched]:
     attempts: list[Attempt] = []
     errors: list[UpstreamError] = []
     for target in plan.targets:

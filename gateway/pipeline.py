@@ -13,7 +13,6 @@ wire formats: the API layer decodes and encodes around it.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,6 +24,8 @@ from gateway.providers import build_providers
 from gateway.types import TextDelta, ToolCallDelta, Usage, UsageEvent
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Mapping
+
     import httpx
 
     from gateway.auth import Authenticator
@@ -114,7 +115,9 @@ class Pipeline:
         self.metrics.ttft.labels(opened.dispatched.target.provider).observe(time.perf_counter() - call.started)
         return Streamed(request, opened.dispatched, self._follow(call, request, opened))
 
-    async def _follow(self, call: Call, request: ChatRequest, opened: dispatch.OpenStream) -> AsyncIterator[StreamEvent]:
+    async def _follow(
+        self, call: Call, request: ChatRequest, opened: dispatch.OpenStream
+    ) -> AsyncIterator[StreamEvent]:
         """Pass a stream through, making sure it ends with usage, and account for it however it ends."""
         produced: list[str] = []
         usage: Usage | None = None
@@ -147,7 +150,9 @@ class Pipeline:
                 usage = _estimate(request, "".join(produced))
             self._ledger(call, request.model, opened.dispatched, status, usage)
 
-    async def embed(self, call: Call, decode: Callable[[], EmbeddingRequest]) -> tuple[EmbeddingResponse, dispatch.Dispatched]:
+    async def embed(
+        self, call: Call, decode: Callable[[], EmbeddingRequest]
+    ) -> tuple[EmbeddingResponse, dispatch.Dispatched]:
         """Embeddings."""
         principal = await self.auth.authenticate(call.api_key)
         request = decode()
@@ -167,20 +172,26 @@ class Pipeline:
         policy = self.runtime.policy
         return [(alias, policy.models[alias][0].provider) for alias in policy.available_models()]
 
-    def _ledger(self, call: Call, model: str, served_by: dispatch.Dispatched | None, status: int,
-                usage: Usage | None) -> None:
+    def _ledger(
+        self, call: Call, model: str, served_by: dispatch.Dispatched | None, status: int, usage: Usage | None
+    ) -> None:
         """Record the outcome. The usage ledger (its own issue) will write records here, behind the response."""
         seconds = time.perf_counter() - call.started
         provider = served_by.target.provider if served_by else "none"
         self.metrics.observe_request(call.endpoint, model, provider, status, seconds)
         if usage is not None and served_by is not None:
             self.metrics.observe_tokens(provider, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
-        log.info("request_done", endpoint=call.endpoint, status=status, ms=round(seconds * 1000, 2),
-                 target=f"{provider}/{served_by.target.model}" if served_by else None,
-                 attempts=len(served_by.attempts) if served_by else 0,
-                 input_tokens=usage.input_tokens if usage else None,
-                 output_tokens=usage.output_tokens if usage else None,
-                 usage_source=usage.source if usage else None)
+        log.info(
+            "request_done",
+            endpoint=call.endpoint,
+            status=status,
+            ms=round(seconds * 1000, 2),
+            target=f"{provider}/{served_by.target.model}" if served_by else None,
+            attempts=len(served_by.attempts) if served_by else 0,
+            input_tokens=usage.input_tokens if usage else None,
+            output_tokens=usage.output_tokens if usage else None,
+            usage_source=usage.source if usage else None,
+        )
 
 
 def _bind(principal: Principal, model: str) -> None:

@@ -8,15 +8,17 @@ anything about HTTP.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 import yaml
 
 from gateway.errors import UnknownModel
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
 
 ProviderKind = Literal["openai", "anthropic", "gemini"]
 _S = TypeVar("_S", bound=msgspec.Struct)
@@ -128,13 +130,19 @@ class Policy:
             if provider in self.providers and upstream:
                 targets = (Target(provider, upstream),)
         if targets is None:
-            raise UnknownModel(f"The model `{model}` does not exist or you do not have access to it.",
-                               param="model", code="model_not_found")
+            raise UnknownModel(
+                f"The model `{model}` does not exist or you do not have access to it.",
+                param="model",
+                code="model_not_found",
+            )
         enabled = tuple(t for t in targets if self.providers[t.provider].enabled)
         if not enabled:
             needed = sorted({self.providers[t.provider].name for t in targets})
-            raise UnknownModel(f"The model `{model}` has no configured provider (configure {', '.join(needed)}).",
-                               param="model", code="model_not_found")
+            raise UnknownModel(
+                f"The model `{model}` has no configured provider (configure {', '.join(needed)}).",
+                param="model",
+                code="model_not_found",
+            )
         return Plan(model, enabled)
 
     def available_models(self) -> list[str]:
@@ -173,8 +181,10 @@ def parse_policy(text: str, env: Mapping[str, str], *, source: str = "<policy>")
             raise PolicyError(f"{source}: `$.models.{alias}.targets` must name at least one target")
         for i, t in enumerate(spec.targets):
             if t.provider not in providers:
-                raise PolicyError(f"{source}: `$.models.{alias}.targets[{i}].provider`: unknown provider "
-                                  f"{t.provider!r} (known: {', '.join(sorted(providers)) or 'none'})")
+                raise PolicyError(
+                    f"{source}: `$.models.{alias}.targets[{i}].provider`: unknown provider "
+                    f"{t.provider!r} (known: {', '.join(sorted(providers)) or 'none'})"
+                )
         models[alias] = tuple(Target(t.provider, t.model) for t in spec.targets)
     return Policy(source=source, providers=providers, models=models, passthrough=doc.passthrough)
 

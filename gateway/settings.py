@@ -8,10 +8,13 @@ prices: those are policies (``policies/``), validated by ``gateway.policy``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
 
@@ -73,8 +76,11 @@ class Settings:
 
 def async_url(url: str) -> str:
     """Name the async driver in a SQLAlchemy URL: ``postgresql://`` -> ``postgresql+asyncpg://``."""
-    for plain, driver in (("postgresql://", "postgresql+asyncpg://"), ("postgres://", "postgresql+asyncpg://"),
-                          ("sqlite://", "sqlite+aiosqlite://")):
+    for plain, driver in (
+        ("postgresql://", "postgresql+asyncpg://"),
+        ("postgres://", "postgresql+asyncpg://"),
+        ("sqlite://", "sqlite+aiosqlite://"),
+    ):
         if url.startswith(plain):
-            return driver + url[len(plain):]
+            return driver + url[len(plain) :]
     return url

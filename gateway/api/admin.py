@@ -28,9 +28,10 @@ class _NewKey(msgspec.Struct, forbid_unknown_fields=True):
     name: str | None = None
 
 
-def _admin(request: Request[object, object, State], state: State) -> None:
-    check_admin(bearer_key(request.headers.get("authorization"), request.headers.get("x-api-key")),
-                state.settings.admin_key)
+def _admin(request: Request[Any, Any, Any], state: State) -> None:
+    check_admin(
+        bearer_key(request.headers.get("authorization"), request.headers.get("x-api-key")), state.settings.admin_key
+    )
 
 
 def _decode(body: bytes, kind: type[Any]) -> Any:
@@ -45,8 +46,14 @@ def _tenant(t: TenantInfo) -> dict[str, Any]:
 
 
 def _key(k: KeyInfo) -> dict[str, Any]:
-    return {"id": k.id, "tenant": k.tenant, "name": k.name, "prefix": k.prefix, "created_at": k.created_at.isoformat(),
-            "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None}
+    return {
+        "id": k.id,
+        "tenant": k.tenant,
+        "name": k.name,
+        "prefix": k.prefix,
+        "created_at": k.created_at.isoformat(),
+        "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
+    }
 
 
 def _json(obj: Any, status: int = 200) -> Response[bytes]:
@@ -54,14 +61,14 @@ def _json(obj: Any, status: int = 200) -> Response[bytes]:
 
 
 @get("/admin/tenants", summary="List tenants")
-async def list_tenants(request: Request[object, object, State], state: State) -> Response[bytes]:
+async def list_tenants(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Every tenant with its number of active keys."""
     _admin(request, state)
     return _json({"data": [_tenant(t) for t in await state.key_store.list_tenants()]})
 
 
 @post("/admin/tenants", summary="Create a tenant")
-async def create_tenant(request: Request[object, object, State], state: State) -> Response[bytes]:
+async def create_tenant(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Create a tenant by name."""
     _admin(request, state)
     new: _NewTenant = _decode(await request.body(), _NewTenant)
@@ -72,14 +79,16 @@ async def create_tenant(request: Request[object, object, State], state: State) -
 
 
 @get("/admin/keys", summary="List API keys")
-async def list_keys(request: Request[object, object, State], state: State, tenant: FromQuery[str | None] = None) -> Response[bytes]:
+async def list_keys(
+    request: Request[Any, Any, Any], state: State, tenant: FromQuery[str | None] = None
+) -> Response[bytes]:
     """Keys (never the secrets), optionally of one tenant."""
     _admin(request, state)
     return _json({"data": [_key(k) for k in await state.key_store.list_keys(tenant)]})
 
 
 @post("/admin/keys", summary="Create an API key")
-async def create_key(request: Request[object, object, State], state: State) -> Response[bytes]:
+async def create_key(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Create a key for a tenant (created if missing); the secret is in this response only."""
     _admin(request, state)
     new: _NewKey = _decode(await request.body(), _NewKey)
@@ -91,7 +100,7 @@ async def create_key(request: Request[object, object, State], state: State) -> R
 
 
 @delete("/admin/keys/{key:str}", status_code=200, summary="Revoke an API key")
-async def revoke_key(request: Request[object, object, State], state: State, key: FromPath[str]) -> Response[bytes]:
+async def revoke_key(request: Request[Any, Any, Any], state: State, key: FromPath[str]) -> Response[bytes]:
     """Revoke a key by id or prefix."""
     _admin(request, state)
     try:

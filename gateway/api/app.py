@@ -53,8 +53,12 @@ def create_app(settings: Settings) -> Litestar:
         app.state.update(settings=settings, db=db, redis=redis, key_store=keys, metrics=metrics, pipeline=pipeline)
         if raw := await bootstrap(settings, keys):
             print(f"crossway: created tenant 'default' with API key (shown once): {raw}", file=sys.stderr)  # noqa: T201
-        log.info("gateway_started", policy=policy.source, models=len(policy.models),
-                 providers=[name for name, p in policy.providers.items() if p.enabled])
+        log.info(
+            "gateway_started",
+            policy=policy.source,
+            models=len(policy.models),
+            providers=[name for name, p in policy.providers.items() if p.enabled],
+        )
         try:
             yield
         finally:
@@ -87,8 +91,15 @@ def serve(settings: Settings, workers: int = 1) -> None:
     import uvicorn
 
     obs_logging.configure(settings.log_level, settings.log_json)
-    options = {"host": settings.host, "port": settings.port, "log_level": "warning", "access_log": False,
-               "loop": "uvloop", "http": "httptools", "lifespan": "on"}
+    options = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": "warning",
+        "access_log": False,
+        "loop": "uvloop",
+        "http": "httptools",
+        "lifespan": "on",
+    }
     if workers > 1:
         uvicorn.run("gateway.api.app:from_env", factory=True, workers=workers, **options)  # type: ignore[arg-type]
     else:

@@ -12,7 +12,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from litestar import Request, Response
@@ -31,12 +31,12 @@ log = structlog.get_logger("gateway.api")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
-def make_call(request: Request[object, object, object], endpoint: str) -> Call:
+def make_call(request: Request[Any, Any, Any], endpoint: str) -> Call:
     """Start a call: pick its request id, bind it to the log context, and find the API key."""
     started = time.perf_counter()
     given = request.headers.get("x-request-id")
     request_id = given if given and _SAFE_ID.match(given) else secrets.token_hex(12)
-    request.scope.setdefault("state", {})["request_id"] = request_id  # type: ignore[typeddict-item]
+    request.scope.setdefault("state", {})["request_id"] = request_id
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id=request_id)
     key = bearer_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
@@ -50,7 +50,9 @@ def served_headers(call: Call, served_by: Dispatched) -> dict[str, str]:
         "x-request-id": call.request_id,
         "x-crossway-provider": target.provider,
         "x-crossway-model": target.model,
-        "x-crossway-attempts": ",".join(f"{a.target.provider}/{a.target.model}:{a.outcome}" for a in served_by.attempts),
+        "x-crossway-attempts": ",".join(
+            f"{a.target.provider}/{a.target.model}:{a.outcome}" for a in served_by.attempts
+        ),
     }
 
 
@@ -66,7 +68,7 @@ class StreamEncoder(Protocol):
 
 
 def respond(
-    request: Request[object, object, State],
+    request: Request[Any, Any, Any],
     call: Call,
     result: Completion | Streamed,
     response_id: str,
@@ -81,7 +83,9 @@ def respond(
     return Stream(_sse(request, encoder, result), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
 
 
-async def _sse(request: Request[object, object, State], encoder: StreamEncoder, streamed: Streamed) -> AsyncIterator[bytes]:
+async def _sse(
+    request: Request[Any, Any, Any], encoder: StreamEncoder, streamed: Streamed
+) -> AsyncIterator[bytes]:
     """Encode a stream; an error after the first byte becomes an error event, never a clean end."""
     try:
         async for event in streamed.events:

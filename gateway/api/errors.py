@@ -7,6 +7,7 @@ each error once: ``warning`` for 4xx, ``error`` for 5xx. Never returns a stack t
 
 from __future__ import annotations
 
+from typing import Any
 import secrets
 
 import structlog
@@ -34,7 +35,7 @@ _BY_STATUS: dict[int, type[GatewayError]] = {
 }  # fmt: skip
 
 
-def to_gateway_error(request: Request[object, object, object], exc: Exception) -> GatewayError:
+def to_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> GatewayError:
     """The gateway error for any exception raised while serving ``request``."""
     if isinstance(exc, GatewayError):
         return exc
@@ -55,12 +56,13 @@ def is_anthropic(path: str) -> bool:
     return path.startswith("/v1/messages")
 
 
-def handle_exception(request: Request[object, object, object], exc: Exception) -> Response[bytes]:
+def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """Render ``exc`` for the route's wire format."""
     err = to_gateway_error(request, exc)
     level = log.warning if err.status_code < 500 else log.error
-    level("request_failed", status=err.status_code, error=type(err).__name__, message=err.message,
-          path=request.url.path)
+    level(
+        "request_failed", status=err.status_code, error=type(err).__name__, message=err.message, path=request.url.path
+    )
     body = anthropic.render_error(err) if is_anthropic(request.url.path) else openai.render_error(err)
     headers = {"x-request-id": request.scope.get("state", {}).get("request_id") or secrets.token_hex(12)}
     if isinstance(err, RateLimited | ProviderRateLimited) and err.retry_after is not None:

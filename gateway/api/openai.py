@@ -8,7 +8,7 @@ become an error chunk.
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
@@ -19,21 +19,28 @@ from gateway.api.calls import make_call, respond, served_headers
 from gateway.errors import UnknownModel
 from gateway.types import EmbeddingRequest
 from gateway.wire import openai as wire
+
 _CREATED = int(time.time())
 
 
 @post("/v1/chat/completions", status_code=200, summary="Create a chat completion (OpenAI wire)")
-async def chat_completions(request: Request[object, object, State], state: State) -> Response[bytes] | Stream:
+async def chat_completions(request: Request[Any, Any, Any], state: State) -> Response[bytes] | Stream:
     """OpenAI's Chat Completions API, streamed (SSE) or not, over every configured provider."""
     call = make_call(request, "chat.completions")
     body = await request.body()
     result = await state.pipeline.chat(call, lambda: wire.decode_chat(body))
-    return respond(request, call, result, f"chatcmpl-{call.request_id}", wire.encode_response,
-                   lambda s, rid: wire.StreamEncoder(rid, s.served_by.target.model, s.request.stream_usage))
+    return respond(
+        request,
+        call,
+        result,
+        f"chatcmpl-{call.request_id}",
+        wire.encode_response,
+        lambda s, rid: wire.StreamEncoder(rid, s.served_by.target.model, s.request.stream_usage),
+    )
 
 
 @post("/v1/embeddings", status_code=200, summary="Create embeddings (OpenAI wire)")
-async def embeddings(request: Request[object, object, State], state: State) -> Response[bytes]:
+async def embeddings(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """OpenAI's Embeddings API; ``encoding_format`` float or base64."""
     call = make_call(request, "embeddings")
     body = await request.body()
@@ -45,12 +52,13 @@ async def embeddings(request: Request[object, object, State], state: State) -> R
         return req
 
     response, served_by = await state.pipeline.embed(call, decode)
-    return Response(wire.encode_embeddings(response, fmt[0]), media_type="application/json",
-                    headers=served_headers(call, served_by))
+    return Response(
+        wire.encode_embeddings(response, fmt[0]), media_type="application/json", headers=served_headers(call, served_by)
+    )
 
 
 @get("/v1/models", summary="List models")
-async def list_models(request: Request[object, object, State], state: State) -> Response[bytes]:
+async def list_models(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """The model aliases this key can use."""
     call = make_call(request, "models")
     models = await state.pipeline.models(call)
@@ -58,15 +66,18 @@ async def list_models(request: Request[object, object, State], state: State) -> 
 
 
 @get("/v1/models/{model:path}", summary="Retrieve a model")
-async def retrieve_model(request: Request[object, object, State], state: State, model: FromPath[str]) -> Response[bytes]:
+async def retrieve_model(
+    request: Request[Any, Any, Any], state: State, model: FromPath[str]
+) -> Response[bytes]:
     """One model alias."""
     call = make_call(request, "models")
     model = model.lstrip("/")
     for alias, owner in await state.pipeline.models(call):
         if alias == model:
             return Response(wire.encode_model(alias, owner, _CREATED), media_type="application/json")
-    raise UnknownModel(f"The model `{model}` does not exist or you do not have access to it.", param="model",
-                       code="model_not_found")
+    raise UnknownModel(
+        f"The model `{model}` does not exist or you do not have access to it.", param="model", code="model_not_found"
+    )
 
 
 ROUTES = [chat_completions, embeddings, list_models, retrieve_model]

@@ -24,7 +24,9 @@ def _serialize(obj: Any, **_: Any) -> bytes:
 
 def configure(level: str = "info", json: bool = True) -> None:
     """Configure structlog for the process: JSON lines on stderr (or readable console lines)."""
-    renderer: Any = structlog.processors.JSONRenderer(serializer=_serialize) if json else structlog.dev.ConsoleRenderer()
+    renderer: Any = (
+        structlog.processors.JSONRenderer(serializer=_serialize) if json else structlog.dev.ConsoleRenderer()
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -34,6 +36,8 @@ def configure(level: str = "info", json: bool = True) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.BytesLoggerFactory(sys.stderr.buffer) if json else structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.BytesLoggerFactory(sys.stderr.buffer)
+        if json
+        else structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )

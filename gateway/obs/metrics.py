@@ -20,16 +20,38 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("crossway_requests", "Requests served, by endpoint, model alias, provider and status.",
-                                ["endpoint", "model", "provider", "status"], registry=r)
-        self.duration = Histogram("crossway_request_duration_seconds", "Total request latency.",
-                                  ["endpoint", "provider"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("crossway_ttft_seconds", "Time to first token of streamed responses.",
-                              ["provider"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.attempts = Counter("crossway_upstream_attempts", "Upstream calls, by provider and outcome.",
-                                ["provider", "outcome"], registry=r)
-        self.tokens = Counter("crossway_tokens", "Tokens, by provider and kind (input, output, cached_input).",
-                              ["provider", "kind"], registry=r)
+        self.requests = Counter(
+            "crossway_requests",
+            "Requests served, by endpoint, model alias, provider and status.",
+            ["endpoint", "model", "provider", "status"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "crossway_request_duration_seconds",
+            "Total request latency.",
+            ["endpoint", "provider"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "crossway_ttft_seconds",
+            "Time to first token of streamed responses.",
+            ["provider"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.attempts = Counter(
+            "crossway_upstream_attempts",
+            "Upstream calls, by provider and outcome.",
+            ["provider", "outcome"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "crossway_tokens",
+            "Tokens, by provider and kind (input, output, cached_input).",
+            ["provider", "kind"],
+            registry=r,
+        )
 
     def observe_request(self, endpoint: str, model: str, provider: str, status: int, seconds: float) -> None:
         """One finished request."""

@@ -133,7 +133,15 @@ class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     output_format: Any = None
 
 
-_EXTRA_FIELDS = ("metadata", "thinking", "service_tier", "container", "context_management", "mcp_servers", "output_format")
+_EXTRA_FIELDS = (
+    "metadata",
+    "thinking",
+    "service_tier",
+    "container",
+    "context_management",
+    "mcp_servers",
+    "output_format",
+)
 
 _decoder = msgspec.json.Decoder(MessagesRequest)
 _encoder = msgspec.json.Encoder()
@@ -158,8 +166,11 @@ def decode_messages(body: bytes) -> ChatRequest:
 
     messages: list[Message] = []
     if r.system:
-        messages.append(Message("system", [TextPart(r.system)] if isinstance(r.system, str)
-                                else [TextPart(b.text) for b in r.system]))
+        messages.append(
+            Message(
+                "system", [TextPart(r.system)] if isinstance(r.system, str) else [TextPart(b.text) for b in r.system]
+            )
+        )
     for m in r.messages:
         messages.extend(_messages(m))
     choice = None
@@ -208,7 +219,9 @@ def _messages(m: _Message) -> list[Message]:
         elif isinstance(block, _ToolUse):
             calls.append(ToolCall(block.id, block.name, _encoder.encode(block.input).decode()))
         elif isinstance(block, _ToolResult):
-            content = [TextPart(block.content)] if isinstance(block.content, str) else [_part(b) for b in block.content]
+            content: list[Part] = (
+                [TextPart(block.content)] if isinstance(block.content, str) else [_part(b) for b in block.content]
+            )
             out.append(Message("tool", content, tool_call_id=block.tool_use_id, is_error=bool(block.is_error)))
         elif isinstance(block, _Document):
             raise InvalidRequest("Document blocks are not supported by this gateway.", param="messages")
@@ -248,12 +261,21 @@ def encode_response(resp: ChatResponse, response_id: str) -> bytes:
     content: list[dict[str, Any]] = []
     if resp.content:
         content.append({"type": "text", "text": resp.content})
-    content.extend({"type": "tool_use", "id": c.id, "name": c.name, "input": _arguments(c.arguments)}
-                   for c in resp.tool_calls)
-    return _encoder.encode({
-        "id": response_id, "type": "message", "role": "assistant", "model": resp.model, "content": content,
-        "stop_reason": _STOP_REASONS[resp.finish_reason], "stop_sequence": None, "usage": _usage(resp.usage),
-    })
+    content.extend(
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": _arguments(c.arguments)} for c in resp.tool_calls
+    )
+    return _encoder.encode(
+        {
+            "id": response_id,
+            "type": "message",
+            "role": "assistant",
+            "model": resp.model,
+            "content": content,
+            "stop_reason": _STOP_REASONS[resp.finish_reason],
+            "stop_sequence": None,
+            "usage": _usage(resp.usage),
+        }
+    )
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
@@ -279,11 +301,17 @@ class StreamEncoder:
 
     def _start(self) -> bytes:
         self._started = True
-        message = {"id": self._id, "type": "message", "role": "assistant", "model": self._model, "content": [],
-                   "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": self._input_tokens, "output_tokens": 0}}
-        return _event("message_start", {"type": "message_start", "message": message}) + \
-            _event("ping", {"type": "ping"})
+        message: dict[str, Any] = {
+            "id": self._id,
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self._input_tokens, "output_tokens": 0},
+        }
+        return _event("message_start", {"type": "message_start", "message": message}) + _event("ping", {"type": "ping"})
 
     def _close_block(self) -> bytes:
         if self._open is None:
@@ -299,30 +327,50 @@ class StreamEncoder:
                 out += self._close_block()
                 self._block += 1
                 self._open = ("text", -1)
-                out += _event("content_block_start", {"type": "content_block_start", "index": self._block,
-                                                      "content_block": {"type": "text", "text": ""}})
-            return out + _event("content_block_delta", {"type": "content_block_delta", "index": self._block,
-                                                        "delta": {"type": "text_delta", "text": event.text}})
+                out += _event(
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": self._block,
+                        "content_block": {"type": "text", "text": ""},
+                    },
+                )
+            return out + _event(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": self._block,
+                    "delta": {"type": "text_delta", "text": event.text},
+                },
+            )
         if isinstance(event, ToolCallDelta):
             if self._open != ("tool", event.index):
                 out += self._close_block()
                 self._block += 1
                 self._open = ("tool", event.index)
-                block = {"type": "tool_use", "id": event.id or f"toolu_{self._id}_{event.index}",
-                         "name": event.name or "", "input": {}}
-                out += _event("content_block_start", {"type": "content_block_start", "index": self._block,
-                                                      "content_block": block})
+                block = {
+                    "type": "tool_use",
+                    "id": event.id or f"toolu_{self._id}_{event.index}",
+                    "name": event.name or "",
+                    "input": {},
+                }
+                out += _event(
+                    "content_block_start", {"type": "content_block_start", "index": self._block, "content_block": block}
+                )
             if event.arguments:
-                out += _event("content_block_delta", {"type": "content_block_delta", "index": self._block,
-                                                      "delta": {"type": "input_json_delta",
-                                                                "partial_json": event.arguments}})
+                out += _event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": self._block,
+                        "delta": {"type": "input_json_delta", "partial_json": event.arguments},
+                    },
+                )
             return out
         if isinstance(event, Finish):
             self._finish = event.reason
             return out + self._close_block()
-        if isinstance(event, UsageEvent):
-            return out + self._end(event.usage)
-        return out
+        return out + self._end(event.usage)
 
     def _end(self, usage: Usage | None) -> bytes:
         if self._done:
@@ -330,8 +378,10 @@ class StreamEncoder:
         self._done = True
         out = (b"" if self._started else self._start()) + self._close_block()
         delta = {"stop_reason": _STOP_REASONS[self._finish or "stop"], "stop_sequence": None}
-        out += _event("message_delta", {"type": "message_delta", "delta": delta,
-                                        "usage": _usage(usage) if usage else {"output_tokens": 0}})
+        out += _event(
+            "message_delta",
+            {"type": "message_delta", "delta": delta, "usage": _usage(usage) if usage else {"output_tokens": 0}},
+        )
         return out + _event("message_stop", {"type": "message_stop"})
 
     def close(self) -> bytes:

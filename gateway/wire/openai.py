@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import struct
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import msgspec
 
@@ -243,7 +243,9 @@ def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
             raise InvalidRequest(f"Unrecognized request argument supplied: {field}", param=field) from exc
         raise InvalidRequest(f"Invalid request body: {message}", param=param) from exc
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"We could not parse the JSON body of your request (invalid JSON or UTF-8): {exc}") from exc
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request (invalid JSON or UTF-8): {exc}"
+        ) from exc
 
 
 def decode_chat(body: bytes) -> ChatRequest:
@@ -300,8 +302,9 @@ def _message(m: _Message) -> Message:
             elif isinstance(p, _Image):
                 parts.append(_image(p.image_url.url))
             else:
-                raise InvalidRequest(f"Content part type `{type(p).__struct_config__.tag}` is not supported.",
-                                     param="messages")
+                raise InvalidRequest(
+                    f"Content part type `{type(p).__struct_config__.tag}` is not supported.", param="messages"
+                )
         return Message("user", parts)
     if isinstance(m, _Assistant):
         calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ()]
@@ -353,9 +356,9 @@ def decode_embeddings(body: bytes) -> tuple[EmbeddingRequest, Literal["float", "
     if isinstance(r.input, str):
         inputs = [r.input]
     elif all(isinstance(i, int) for i in r.input):
-        inputs = [r.input] if r.input else []  # type: ignore[list-item]
+        inputs = [cast("list[int]", r.input)] if r.input else []
     elif all(isinstance(i, str) for i in r.input) or all(isinstance(i, list) for i in r.input):
-        inputs = r.input  # type: ignore[assignment]
+        inputs = cast("list[str] | list[list[int]]", r.input)
     else:
         raise InvalidRequest("'input' must be a string, an array of strings, or token arrays.", param="input")
     if not inputs or any(len(i) == 0 for i in inputs):
@@ -387,31 +390,45 @@ def encode_response(resp: ChatResponse, response_id: str, created: int | None = 
         message["tool_calls"] = _tool_calls(resp.tool_calls)
     elif message["content"] is None:
         message["content"] = ""
-    return _encoder.encode({
-        "id": response_id,
-        "object": "chat.completion",
-        "created": created if created is not None else int(time.time()),
-        "model": resp.model,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": "stop" if resp.finish_reason == "error" else resp.finish_reason}],
-        "usage": _usage(resp.usage),
-        "system_fingerprint": None,
-    })
+    return _encoder.encode(
+        {
+            "id": response_id,
+            "object": "chat.completion",
+            "created": created if created is not None else int(time.time()),
+            "model": resp.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": "stop" if resp.finish_reason == "error" else resp.finish_reason,
+                }
+            ],
+            "usage": _usage(resp.usage),
+            "system_fingerprint": None,
+        }
+    )
 
 
 class StreamEncoder:
     """Turns canonical stream events into ``chat.completion.chunk`` SSE lines. One per response."""
 
     def __init__(self, response_id: str, model: str, include_usage: bool, created: int | None = None) -> None:
-        self._head = {"id": response_id, "object": "chat.completion.chunk",
-                      "created": created if created is not None else int(time.time()), "model": model,
-                      "system_fingerprint": None}
+        self._head = {
+            "id": response_id,
+            "object": "chat.completion.chunk",
+            "created": created if created is not None else int(time.time()),
+            "model": model,
+            "system_fingerprint": None,
+        }
         self._include_usage = include_usage
         self._started = False
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        chunk: dict[str, Any] = {**self._head,
-                                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+        chunk: dict[str, Any] = {
+            **self._head,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
         if self._include_usage:
             chunk["usage"] = None
         return b"data: " + _encoder.encode(chunk) + b"\n\n"
@@ -436,7 +453,9 @@ class StreamEncoder:
             reason = "stop" if event.reason == "error" else event.reason
             return out + self._chunk({}, reason)
         if isinstance(event, UsageEvent) and self._include_usage:
-            return out + b"data: " + _encoder.encode({**self._head, "choices": [], "usage": _usage(event.usage)}) + b"\n\n"
+            return (
+                out + b"data: " + _encoder.encode({**self._head, "choices": [], "usage": _usage(event.usage)}) + b"\n\n"
+            )
         return out
 
     def close(self) -> bytes:
@@ -465,15 +484,21 @@ def encode_embeddings(resp: EmbeddingResponse, encoding: Literal["float", "base6
         if encoding == "base64":
             value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
         data.append({"object": "embedding", "index": i, "embedding": value})
-    return _encoder.encode({
-        "object": "list", "data": data, "model": resp.model,
-        "usage": {"prompt_tokens": resp.usage.input_tokens, "total_tokens": resp.usage.input_tokens},
-    })
+    return _encoder.encode(
+        {
+            "object": "list",
+            "data": data,
+            "model": resp.model,
+            "usage": {"prompt_tokens": resp.usage.input_tokens, "total_tokens": resp.usage.input_tokens},
+        }
+    )
 
 
 def encode_models(models: list[tuple[str, str]], created: int) -> bytes:
     """``GET /v1/models``: ``(id, owned_by)`` pairs."""
-    return _encoder.encode({"object": "list", "data": [encode_model(m, owner, created, raw=True) for m, owner in models]})
+    return _encoder.encode(
+        {"object": "list", "data": [encode_model(m, owner, created, raw=True) for m, owner in models]}
+    )
 
 
 def encode_model(model: str, owner: str, created: int, *, raw: bool = False) -> Any:

@@ -324,7 +324,9 @@ class FakeUpstream:
         sock = self._sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._server = uvicorn.Server(_config(self.app, log_config=None))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="fake-upstream")
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name=f"fake-upstream-{self.port}"
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:

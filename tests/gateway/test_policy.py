@@ -56,7 +56,10 @@ def test_provider_credentials_come_from_the_environment_snapshot():
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ("models: {a: {targets: [{provider: nope, model: m}]}}", "`$.models.a.targets[0].provider`: unknown provider 'nope'"),
+        (
+            "models: {a: {targets: [{provider: nope, model: m}]}}",
+            "`$.models.a.targets[0].provider`: unknown provider 'nope'",
+        ),
         ("providers: {p: {kind: cohere}}", "$.providers.p.kind"),
         ("providers: {p: {kind: openai, colour: blue}}", "unknown field `colour`"),
         ("models: {a: {targets: []}}", "`$.models.a.targets` must name at least one target"),

@@ -27,22 +27,39 @@ def body(**fields):
 
 def test_decode_chat_maps_messages_tools_and_parameters():
     req = wire.decode_chat(
-        msgspec.json.encode({
-            "model": "gpt",
-            "messages": [
-                {"role": "developer", "content": "be brief"},
-                {"role": "user", "content": [{"type": "text", "text": "look"},
-                                             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
-                {"role": "assistant", "content": None,
-                 "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-                {"role": "tool", "tool_call_id": "c1", "content": "42"},
-            ],
-            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-            "tool_choice": {"type": "function", "function": {"name": "f"}},
-            "max_completion_tokens": 7, "max_tokens": 99, "stop": "END", "seed": 3, "temperature": 0.5, "top_p": 0.9,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
-            "stream": True, "stream_options": {"include_usage": True}, "presence_penalty": 0.5,
-        })
+        msgspec.json.encode(
+            {
+                "model": "gpt",
+                "messages": [
+                    {"role": "developer", "content": "be brief"},
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "look"},
+                            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                        ],
+                    },
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "42"},
+                ],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+                "max_completion_tokens": 7,
+                "max_tokens": 99,
+                "stop": "END",
+                "seed": 3,
+                "temperature": 0.5,
+                "top_p": 0.9,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "presence_penalty": 0.5,
+            }
+        )
     )
     assert [m.role for m in req.messages] == ["system", "user", "assistant", "tool"]
     assert req.messages[1].content == [TextPart("look"), ImagePart(media_type="image/png", data="AAAA")]
@@ -83,14 +100,29 @@ def test_encode_response_matches_openai_schema():
     out = msgspec.json.decode(wire.encode_response(resp, "chatcmpl-1", created=5))
     validate("CreateChatCompletionResponse", out)
     assert out["choices"][0]["finish_reason"] == "tool_calls"
-    assert out["usage"] == {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12,
-                            "prompt_tokens_details": {"cached_tokens": 4}}
+    assert out["usage"] == {
+        "prompt_tokens": 10,
+        "completion_tokens": 2,
+        "total_tokens": 12,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
 
 
 def test_stream_encoder_emits_role_chunk_then_deltas_finish_usage_and_done():
     enc = wire.StreamEncoder("chatcmpl-1", "gpt-x", include_usage=True, created=5)
-    raw = b"".join(enc.encode(e) for e in [TextDelta("he"), ToolCallDelta(0, "c", "f", ""), ToolCallDelta(0, arguments="{}"),
-                                           Finish("tool_calls"), UsageEvent(Usage(3, 4))]) + enc.close()
+    raw = (
+        b"".join(
+            enc.encode(e)
+            for e in [
+                TextDelta("he"),
+                ToolCallDelta(0, "c", "f", ""),
+                ToolCallDelta(0, arguments="{}"),
+                Finish("tool_calls"),
+                UsageEvent(Usage(3, 4)),
+            ]
+        )
+        + enc.close()
+    )
     lines = [ln for ln in raw.decode().split("\n\n") if ln]
     assert lines[-1] == "data: [DONE]"
     chunks = [msgspec.json.decode(ln.removeprefix("data: ")) for ln in lines[:-1]]
@@ -98,8 +130,12 @@ def test_stream_encoder_emits_role_chunk_then_deltas_finish_usage_and_done():
         validate("CreateChatCompletionStreamResponse", chunk)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "", "refusal": None}
     assert chunks[1]["choices"][0]["delta"] == {"content": "he"}
-    assert chunks[2]["choices"][0]["delta"]["tool_calls"][0] == {"index": 0, "id": "c", "type": "function",
-                                                                  "function": {"name": "f", "arguments": ""}}
+    assert chunks[2]["choices"][0]["delta"]["tool_calls"][0] == {
+        "index": 0,
+        "id": "c",
+        "type": "function",
+        "function": {"name": "f", "arguments": ""},
+    }
     assert chunks[4]["choices"][0]["finish_reason"] == "tool_calls"
     assert chunks[5]["choices"] == [] and chunks[5]["usage"]["total_tokens"] == 7
 

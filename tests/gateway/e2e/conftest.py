@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anthropic
 import openai
@@ -17,6 +16,10 @@ from gateway.store.keys import KeyStore
 from gateway.store.migrate import migrate
 from tests.fakes.upstream import FakeUpstream
 from tests.gateway.e2e.server import GatewayServer
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
 
 ADMIN_KEY = "admin-test-key"
 PROVIDER_KEYS = {"OPENAI_API_KEY": "sk-fake-openai", "ANTHROPIC_API_KEY": "sk-ant-fake", "GEMINI_API_KEY": "gm-fake"}
@@ -96,8 +99,14 @@ def start_gateway(upstream: FakeUpstream, workdir: Path, **overrides: object) ->
     key = asyncio.run(_prepare(url))
     policy = workdir / "policy.yaml"
     policy.write_text(POLICY.format(url=upstream.url, dead_port=_free_port()))
-    values: dict[str, object] = {"database_url": url, "policy_path": policy, "admin_key": ADMIN_KEY,
-                                 "bootstrap": False, "env": PROVIDER_KEYS, "max_body_bytes": 1024 * 1024}
+    values: dict[str, object] = {
+        "database_url": url,
+        "policy_path": policy,
+        "admin_key": ADMIN_KEY,
+        "bootstrap": False,
+        "env": PROVIDER_KEYS,
+        "max_body_bytes": 1024 * 1024,
+    }
     values.update(overrides)
     return GatewayServer(Settings(**values)).start(), key  # type: ignore[arg-type]
 

@@ -56,5 +56,8 @@ _Validator = jsonschema.validators.extend(
 
 def validate(component: str, body: Any) -> None:
     """Raise ``jsonschema.ValidationError`` unless ``body`` matches ``#/components/schemas/<component>``."""
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$ref": f"{_URI}#/components/schemas/{component}"}
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$ref": f"{_URI}#/components/schemas/{component}",
+    }
     _Validator(schema, registry=_registry()).validate(body)

@@ -6,11 +6,14 @@ import asyncio
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from gateway.api.app import create_app
-from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 
 class GatewayServer:

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-WEATHER_TOOL = {"name": "get_weather", "description": "Weather in a city",
-                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 @pytest.mark.parametrize("model", ["claude-test", "gpt-test", "gemini-test"])
 def test_messages_reach_each_provider_and_answer_in_anthropic_format(gateway, model):
     message = gateway.anthropic().messages.create(
-        model=model, max_tokens=64, system="Be terse.", messages=[{"role": "user", "content": "hello 1"}])
+        model=model, max_tokens=64, system="Be terse.", messages=[{"role": "user", "content": "hello 1"}]
+    )
     assert message.type == "message" and message.role == "assistant"
     assert [b.type for b in message.content] == ["text"] and message.content[0].text == "echo: hello 1"
     assert message.stop_reason == "end_turn"
@@ -45,27 +49,39 @@ def test_tool_use_round_trip_from_anthropic_client(gateway, model):
     streamed_use = next(b for b in streamed.content if b.type == "tool_use")
     assert streamed_use.input == {"city": "Paris"} and streamed.stop_reason == "tool_use"
 
-    followup = [*messages, {"role": "assistant", "content": [b.model_dump() for b in first.content]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "rainy"}]}]
-    answer = client.messages.create(model=model.replace("tool-", ""), max_tokens=64, tools=[WEATHER_TOOL],
-                                    messages=followup)
+    followup = [
+        *messages,
+        {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "rainy"}]},
+    ]
+    answer = client.messages.create(
+        model=model.replace("tool-", ""), max_tokens=64, tools=[WEATHER_TOOL], messages=followup
+    )
     assert answer.content[0].text == "echo: rainy"
 
 
 def test_anthropic_client_to_openai_upstream_translates_request(gateway):
     gateway.anthropic().messages.create(
-        model="gpt-test", max_tokens=21, system="sys-rules", stop_sequences=["HALT"], extra_body={"temperature": 0.5},
-        messages=[{"role": "user", "content": "marker-b1"}])
+        model="gpt-test",
+        max_tokens=21,
+        system="sys-rules",
+        stop_sequences=["HALT"],
+        extra_body={"temperature": 0.5},
+        messages=[{"role": "user", "content": "marker-b1"}],
+    )
     sent = next(r for r in reversed(gateway.upstream.requests) if "marker-b1" in str(r.body))
     assert sent.path == "/v1/chat/completions"
     assert sent.headers["authorization"] == "Bearer sk-fake-openai"
     assert sent.body["messages"][0] == {"role": "system", "content": "sys-rules"}
-    assert sent.body["max_completion_tokens"] == 21 and sent.body["stop"] == ["HALT"] and sent.body["temperature"] == 0.5
+    assert (
+        sent.body["max_completion_tokens"] == 21 and sent.body["stop"] == ["HALT"] and sent.body["temperature"] == 0.5
+    )
 
 
 def test_gemini_upstream_receives_generate_content(gateway):
-    gateway.anthropic().messages.create(model="gemini-test", max_tokens=9, system="g-sys",
-                                        messages=[{"role": "user", "content": "marker-c1"}])
+    gateway.anthropic().messages.create(
+        model="gemini-test", max_tokens=9, system="g-sys", messages=[{"role": "user", "content": "marker-c1"}]
+    )
     sent = next(r for r in reversed(gateway.upstream.requests) if "marker-c1" in str(r.body))
     assert sent.path == "/v1beta/models/gemini-2.5-flash:generateContent"
     assert sent.headers["x-goog-api-key"] == "gm-fake"

@@ -15,8 +15,12 @@ USER = [{"role": "user", "content": "hi"}]
 
 def _post(gateway, path: str, content: bytes, key: str | None = "default", **headers: str) -> httpx.Response:
     auth = {"authorization": f"Bearer {gateway.key if key == 'default' else key}"} if key else {}
-    return httpx.post(f"{gateway.url}{path}", content=content, timeout=10,
-                      headers={"content-type": "application/json", **auth, **headers})
+    return httpx.post(
+        f"{gateway.url}{path}",
+        content=content,
+        timeout=10,
+        headers={"content-type": "application/json", **auth, **headers},
+    )
 
 
 def _assert_openai_error(r: httpx.Response, status: int) -> dict:
@@ -42,8 +46,10 @@ VALID = msgspec.json.encode({"model": "gpt-test", "messages": USER})
         (b'{"model": "gpt-test", "messages": [', "parse the JSON"),
         (b'{"model": "gpt-test", "messages": "hi"}', "Expected `array`"),
         (b'{"model": 5, "messages": []}', "Expected `str`"),
-        (b'{"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}], "colour": "red"}',
-         "Unrecognized request argument supplied: colour"),
+        (
+            b'{"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}], "colour": "red"}',
+            "Unrecognized request argument supplied: colour",
+        ),
         (b'{"model": "gpt-test", "messages": [{"role": "user", "content": "\xc3\x28"}]}', "UTF-8"),
         (b"", "parse the JSON"),
     ],
@@ -68,15 +74,21 @@ def test_huge_body_gets_413_in_each_format(gateway):
 
 
 def test_missing_or_wrong_key_gets_401_before_the_body_is_read(gateway):
-    assert _assert_openai_error(_post(gateway, "/v1/chat/completions", b"{", key=None), 401)["type"] == \
-        "authentication_error"
+    assert (
+        _assert_openai_error(_post(gateway, "/v1/chat/completions", b"{", key=None), 401)["type"]
+        == "authentication_error"
+    )
     _assert_openai_error(_post(gateway, "/v1/chat/completions", VALID, key="cw-wrong"), 401)
     _assert_anthropic_error(_post(gateway, "/v1/messages", b"{}", key="cw-wrong"), 401, "authentication_error")
-    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="cw-nope", max_retries=0) as client, \
-            pytest.raises(openai.AuthenticationError):
+    with (
+        openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="cw-nope", max_retries=0) as client,
+        pytest.raises(openai.AuthenticationError),
+    ):
         client.models.list()
-    with anthropic.Anthropic(base_url=gateway.url, api_key="cw-nope", max_retries=0) as client2, \
-            pytest.raises(anthropic.AuthenticationError):
+    with (
+        anthropic.Anthropic(base_url=gateway.url, api_key="cw-nope", max_retries=0) as client2,
+        pytest.raises(anthropic.AuthenticationError),
+    ):
         client2.messages.create(model="claude-test", max_tokens=5, messages=USER)
 
 
@@ -101,8 +113,9 @@ def test_unknown_model_and_unknown_route_get_404(gateway):
     ],
 )
 @pytest.mark.parametrize("provider", ["openai", "anthropic", "gemini"])
-def test_upstream_faults_map_to_clear_errors_in_each_format(gateway, provider, upstream_model, status, openai_error,
-                                                            anthropic_type):
+def test_upstream_faults_map_to_clear_errors_in_each_format(
+    gateway, provider, upstream_model, status, openai_error, anthropic_type
+):
     model = f"{provider}/{upstream_model}"
     with pytest.raises(openai_error) as info:
         gateway.openai().chat.completions.create(model=model, messages=USER)
@@ -122,20 +135,23 @@ def test_connection_refused_is_503_and_fallback_reaches_the_next_target(gateway)
     assert raw.parse().choices[0].message.content == "echo: hi"
     assert raw.headers["x-crossway-provider"] == "anthropic"
     assert raw.headers["x-crossway-attempts"].split(",") == [
-        "openai/error-503:ProviderUnavailable", "dead/m:ProviderUnavailable", "anthropic/claude-fallback:ok"]
+        "openai/error-503:ProviderUnavailable",
+        "dead/m:ProviderUnavailable",
+        "anthropic/claude-fallback:ok",
+    ]
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic", "gemini"])
 def test_stream_cut_after_first_byte_ends_with_error_not_clean_close(gateway, provider):
     stream = gateway.openai().chat.completions.create(model=f"{provider}/cut-stream", messages=USER, stream=True)
-    received = []
+    received: list[object] = []
     with pytest.raises(openai.APIError):
-        for chunk in stream:
-            received.append(chunk)
+        received.extend(stream)
     assert received  # the failure came after the first byte
-    with pytest.raises(anthropic.APIStatusError), gateway.anthropic().messages.stream(
-        model=f"{provider}/cut-stream", max_tokens=5, messages=USER
-    ) as s:
+    with (
+        pytest.raises(anthropic.APIStatusError),
+        gateway.anthropic().messages.stream(model=f"{provider}/cut-stream", max_tokens=5, messages=USER) as s,
+    ):
         s.get_final_message()
 
 
@@ -147,5 +163,7 @@ def test_stream_fault_before_first_byte_is_a_plain_http_error(gateway, provider)
 
 def test_gateway_keeps_serving_after_faults(gateway):
     assert httpx.get(f"{gateway.url}/healthz").status_code == 200
-    assert gateway.openai().chat.completions.create(model="gpt-test", messages=USER).choices[0].message.content == \
-        "echo: hi"
+    assert (
+        gateway.openai().chat.completions.create(model="gpt-test", messages=USER).choices[0].message.content
+        == "echo: hi"
+    )

@@ -37,7 +37,9 @@ def test_readyz_is_503_when_redis_is_unreachable(upstream, tmp_path):
 def test_metrics_count_requests_by_provider_and_status(gateway):
     gateway.openai().chat.completions.create(model="gpt-test", messages=USER)
     text = httpx.get(f"{gateway.url}/metrics").text
-    assert 'crossway_requests_total{endpoint="chat.completions",model="gpt-test",provider="openai",status="200"}' in text
+    assert (
+        'crossway_requests_total{endpoint="chat.completions",model="gpt-test",provider="openai",status="200"}' in text
+    )
     assert 'crossway_upstream_attempts_total{outcome="ok",provider="openai"}' in text
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
@@ -12,9 +12,11 @@ import pytest
 
 from gateway.policy import ProviderConfig
 from gateway.providers import build_providers
-from gateway.providers.base import Provider
 from gateway.types import ChatRequest, Message, StreamEvent, TextPart
 from tests.fakes.upstream import FakeKeys, FakeUpstream
+
+if TYPE_CHECKING:
+    from gateway.providers.base import Provider
 
 KEYS = FakeKeys()
 KINDS = ("openai", "anthropic", "gemini")
@@ -49,6 +51,12 @@ def chat(text: str = "hello there", **fields: Any) -> ChatRequest:
 
 async def collect(provider: Provider, request: ChatRequest, model: str) -> list[StreamEvent]:
     return [event async for event in provider.stream(request, model)]
+
+
+async def drain(stream: AsyncIterator[StreamEvent], into: list[StreamEvent]) -> None:
+    """Consume ``stream`` into ``into``, so that events seen before a failure stay inspectable."""
+    async for event in stream:
+        into.append(event)
 
 
 def sse(*frames: str) -> bytes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
@@ -13,7 +15,9 @@ from gateway.types import (
     Finish,
     ImagePart,
     Message,
+    Part,
     ResponseFormat,
+    StreamEvent,
     TextDelta,
     TextPart,
     Tool,
@@ -23,7 +27,7 @@ from gateway.types import (
     Usage,
     UsageEvent,
 )
-from tests.gateway.providers.conftest import MOCK_URL, Recorder, chat, collect, data, sse, user
+from tests.gateway.providers.conftest import MOCK_URL, Recorder, chat, collect, data, drain, sse, user
 
 WEATHER = Tool("get_weather", "Weather in a city", {"type": "object", "properties": {"city": {"type": "string"}}})
 MESSAGE = (
@@ -33,7 +37,7 @@ MESSAGE = (
 )
 
 
-def _event(name: str, doc: dict) -> str:
+def _event(name: str, doc: dict[str, Any]) -> str:
     return f"event: {name}\n{data(doc)}"
 
 
@@ -44,13 +48,25 @@ async def test_anthropic_request_extracts_system_and_merges_tool_results(mocked)
         messages=[
             Message("system", [TextPart("Be terse.")]),
             user("Weather in Paris and Rome?"),
-            Message("assistant", [TextPart("Checking.")], tool_calls=[
-                ToolCall("toolu_1", "get_weather", '{"city":"Paris"}'), ToolCall("toolu_2", "get_weather", "")]),
+            Message(
+                "assistant",
+                [TextPart("Checking.")],
+                tool_calls=[
+                    ToolCall("toolu_1", "get_weather", '{"city":"Paris"}'),
+                    ToolCall("toolu_2", "get_weather", ""),
+                ],
+            ),
             Message("tool", [TextPart("sunny")], tool_call_id="toolu_1"),
             Message("tool", [TextPart("no such city")], tool_call_id="toolu_2", is_error=True),
             user("Thanks"),
         ],
-        temperature=0.2, top_p=0.9, top_k=40, stop=["END"], user="u-1", seed=3, tools=[WEATHER],
+        temperature=0.2,
+        top_p=0.9,
+        top_k=40,
+        stop=["END"],
+        user="u-1",
+        seed=3,
+        tools=[WEATHER],
     )
     await mocked("anthropic", recorder).chat(request, "claude-sonnet-4-5")
     sent = recorder.requests[-1]
@@ -62,18 +78,27 @@ async def test_anthropic_request_extracts_system_and_merges_tool_results(mocked)
         "system": "Be terse.",
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "Weather in Paris and Rome?"}]},
-            {"role": "assistant", "content": [
-                {"type": "text", "text": "Checking."},
-                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
-                {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {}},
-            ]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
-                {"type": "tool_result", "tool_use_id": "toolu_2", "content": "no such city", "is_error": True},
-            ]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "no such city", "is_error": True},
+                ],
+            },
             {"role": "user", "content": [{"type": "text", "text": "Thanks"}]},
         ],
-        "temperature": 0.2, "top_p": 0.9, "top_k": 40, "stop_sequences": ["END"],
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "top_k": 40,
+        "stop_sequences": ["END"],
         "tools": [{"name": "get_weather", "description": "Weather in a city", "input_schema": WEATHER.parameters}],
         "metadata": {"user_id": "u-1"},
     }
@@ -81,8 +106,11 @@ async def test_anthropic_request_extracts_system_and_merges_tool_results(mocked)
 
 async def test_anthropic_several_system_messages_become_text_blocks(mocked):
     recorder = Recorder(MESSAGE)
-    request = ChatRequest(model="a", messages=[Message("system", [TextPart("A")]), user("x"),
-                                               Message("system", [TextPart("B")])], max_tokens=9)
+    request = ChatRequest(
+        model="a",
+        messages=[Message("system", [TextPart("A")]), user("x"), Message("system", [TextPart("B")])],
+        max_tokens=9,
+    )
     await mocked("anthropic", recorder).chat(request, "m")
     assert recorder.json["system"] == [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]
     assert recorder.json["max_tokens"] == 9
@@ -90,8 +118,11 @@ async def test_anthropic_several_system_messages_become_text_blocks(mocked):
 
 async def test_anthropic_images_become_base64_or_url_sources(mocked):
     recorder = Recorder(MESSAGE)
-    parts = [ImagePart(url="https://x.test/a.png"), ImagePart(url="data:image/webp;base64,UklG"),
-             ImagePart(media_type="image/gif", data="R0lG")]
+    parts: list[Part] = [
+        ImagePart(url="https://x.test/a.png"),
+        ImagePart(url="data:image/webp;base64,UklG"),
+        ImagePart(media_type="image/gif", data="R0lG"),
+    ]
     await mocked("anthropic", recorder).chat(ChatRequest(model="a", messages=[Message("user", parts)]), "m")
     assert recorder.json["messages"][0]["content"] == [
         {"type": "image", "source": {"type": "url", "url": "https://x.test/a.png"}},
@@ -113,7 +144,9 @@ async def test_anthropic_images_become_base64_or_url_sources(mocked):
 )
 async def test_anthropic_tool_choice_and_parallel_calls_map(mocked, choice, parallel, expected):
     recorder = Recorder(MESSAGE)
-    await mocked("anthropic", recorder).chat(chat(tools=[WEATHER], tool_choice=choice, parallel_tool_calls=parallel), "m")
+    await mocked("anthropic", recorder).chat(
+        chat(tools=[WEATHER], tool_choice=choice, parallel_tool_calls=parallel), "m"
+    )
     assert recorder.json["tool_choice"] == expected
 
 
@@ -135,11 +168,18 @@ async def test_anthropic_chat_joins_text_and_counts_cache_tokens_as_input(mocked
 
 @pytest.mark.parametrize(
     ("stop_reason", "expected"),
-    [("end_turn", "stop"), ("stop_sequence", "stop"), ("max_tokens", "length"), ("tool_use", "tool_calls"),
-     ("refusal", "content_filter")],
+    [
+        ("end_turn", "stop"),
+        ("stop_sequence", "stop"),
+        ("max_tokens", "length"),
+        ("tool_use", "tool_calls"),
+        ("refusal", "content_filter"),
+    ],
 )
 async def test_anthropic_stop_reasons_map_to_canonical(mocked, stop_reason, expected):
-    body = msgspec.json.encode({"content": [], "stop_reason": stop_reason, "usage": {"input_tokens": 1, "output_tokens": 1}})
+    body = msgspec.json.encode(
+        {"content": [], "stop_reason": stop_reason, "usage": {"input_tokens": 1, "output_tokens": 1}}
+    )
     assert (await mocked("anthropic", Recorder(body)).chat(chat(), "m")).finish_reason == expected
 
 
@@ -150,15 +190,26 @@ async def test_anthropic_tool_use_blocks_become_tool_calls(live):
     assert response.tool_calls[0].id.startswith("toolu_")
 
 
-@pytest.mark.parametrize("fmt", [ResponseFormat("json_object"), ResponseFormat("json_schema", name="a", schema={
-    "type": "object", "properties": {"answer": {"type": "string"}}})])
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        ResponseFormat("json_object"),
+        ResponseFormat(
+            "json_schema", name="a", schema={"type": "object", "properties": {"answer": {"type": "string"}}}
+        ),
+    ],
+)
 async def test_anthropic_json_format_is_emulated_with_a_forced_tool(live, upstream, fmt):
     provider = live("anthropic")
     response = await provider.chat(chat("hi", response_format=fmt), "json")
     assert (response.content, response.finish_reason, response.tool_calls) == ('{"answer":"echo: hi"}', "stop", [])
     body = upstream.requests[-1].body
     schema = fmt.schema or {"type": "object"}
-    assert body["tools"][-1] == {"name": JSON_TOOL, "description": body["tools"][-1]["description"], "input_schema": schema}
+    assert body["tools"][-1] == {
+        "name": JSON_TOOL,
+        "description": body["tools"][-1]["description"],
+        "input_schema": schema,
+    }
     assert body["tool_choice"] == {"type": "tool", "name": JSON_TOOL}
 
     events = await collect(provider, chat("hi", response_format=fmt), "json")
@@ -168,21 +219,73 @@ async def test_anthropic_json_format_is_emulated_with_a_forced_tool(live, upstre
 
 async def test_anthropic_stream_translates_named_events_exactly(mocked):
     body = sse(
-        _event("message_start", {"type": "message_start", "message": {
-            "id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "claude", "stop_reason": None,
-            "usage": {"input_tokens": 25, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 0, "output_tokens": 1}}}),
-        _event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        _event(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [],
+                    "model": "claude",
+                    "stop_reason": None,
+                    "usage": {
+                        "input_tokens": 25,
+                        "cache_read_input_tokens": 100,
+                        "cache_creation_input_tokens": 0,
+                        "output_tokens": 1,
+                    },
+                },
+            },
+        ),
+        _event(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        ),
         _event("ping", {"type": "ping"}),
-        _event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Let me"}}),
-        _event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " check."}}),
+        _event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Let me"}},
+        ),
+        _event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " check."}},
+        ),
         _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        _event("content_block_start", {"type": "content_block_start", "index": 1, "content_block": {
-            "type": "tool_use", "id": "toolu_9", "name": "get_weather", "input": {}}}),
-        _event("content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": ""}}),
-        _event("content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": '{"city": "Pa'}}),
-        _event("content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": 'ris"}'}}),
+        _event(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 1,
+                "content_block": {"type": "tool_use", "id": "toolu_9", "name": "get_weather", "input": {}},
+            },
+        ),
+        _event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": ""}},
+        ),
+        _event(
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 1,
+                "delta": {"type": "input_json_delta", "partial_json": '{"city": "Pa'},
+            },
+        ),
+        _event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": 'ris"}'}},
+        ),
         _event("content_block_stop", {"type": "content_block_stop", "index": 1}),
-        _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None}, "usage": {"output_tokens": 42}}),
+        _event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                "usage": {"output_tokens": 42},
+            },
+        ),
         _event("message_stop", {"type": "message_stop"}),
     )
     events = await collect(mocked("anthropic", Recorder(body)), chat(), "m")
@@ -200,13 +303,18 @@ async def test_anthropic_stream_translates_named_events_exactly(mocked):
 async def test_anthropic_stream_raises_when_cut_before_message_stop(mocked):
     body = sse(
         _event("message_start", {"type": "message_start", "message": {"content": [], "usage": {"input_tokens": 3}}}),
-        _event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}}),
-        _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}}),
+        _event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+        ),
+        _event(
+            "message_delta",
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+        ),
     )
-    seen = []
+    seen: list[StreamEvent] = []
     with pytest.raises(ProviderBadResponse, match="message_stop"):
-        async for event in mocked("anthropic", Recorder(body)).stream(chat(), "m"):
-            seen.append(event)
+        await drain(mocked("anthropic", Recorder(body)).stream(chat(), "m"), seen)
     assert seen == [TextDelta("Hi")]
 
 

@@ -15,8 +15,18 @@ from gateway.errors import (
     ProviderUnavailable,
 )
 from gateway.providers import AnthropicProvider, GeminiProvider, OpenAIProvider, build_providers
-from gateway.types import Finish, TextDelta, UsageEvent
-from tests.gateway.providers.conftest import KINDS, MOCK_URL, BrokenStream, Recorder, chat, collect, free_port, make_config
+from gateway.types import Finish, StreamEvent, TextDelta, UsageEvent
+from tests.gateway.providers.conftest import (
+    KINDS,
+    MOCK_URL,
+    BrokenStream,
+    Recorder,
+    chat,
+    collect,
+    drain,
+    free_port,
+    make_config,
+)
 
 pytestmark = pytest.mark.parametrize("kind", KINDS)
 
@@ -111,10 +121,9 @@ async def test_connection_refused_raises_provider_unavailable(client, kind):
 
 async def test_stream_raises_when_cut_before_its_terminator(live, kind):
     provider = live(kind)
-    seen = []
+    seen: list[StreamEvent] = []
     with pytest.raises(ProviderBadResponse):
-        async for event in provider.stream(chat(), "cut-stream"):
-            seen.append(event)
+        await drain(provider.stream(chat(), "cut-stream"), seen)
     assert seen == [TextDelta("partial"), TextDelta(" answer")]  # never a Finish
 
 

@@ -26,8 +26,12 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 
 
 def test_fake_openai_stream_is_framed_as_documented(upstream):
-    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "a b"}], "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "a b"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     r = httpx.post(f"{upstream.url}/v1/chat/completions", json=body, headers=OPENAI_AUTH)
     assert r.headers["content-type"].startswith("text/event-stream")
     frames = r.text.split("\n\n")
@@ -45,8 +49,13 @@ def test_fake_openai_stream_is_framed_as_documented(upstream):
 
 
 def test_fake_anthropic_stream_names_every_event(upstream):
-    body = {"model": "tool-claude", "max_tokens": 100, "stream": True, "tools": [{"name": "f", "input_schema": {}}],
-            "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "model": "tool-claude",
+        "max_tokens": 100,
+        "stream": True,
+        "tools": [{"name": "f", "input_schema": {}}],
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     r = httpx.post(f"{upstream.url}/v1/messages", json=body, headers=ANTHROPIC_AUTH)
     events = []
     for frame in r.text.split("\n\n")[:-1]:
@@ -90,13 +99,18 @@ def test_fake_rejects_a_wrong_key_with_401_in_the_vendor_shape(upstream, path, h
 
 
 def test_fake_anthropic_requires_the_version_header(upstream):
-    r = httpx.post(f"{upstream.url}/v1/messages", json={"model": "m", "max_tokens": 1, "messages": []},
-                   headers={"x-api-key": KEYS.anthropic})
+    r = httpx.post(
+        f"{upstream.url}/v1/messages",
+        json={"model": "m", "max_tokens": 1, "messages": []},
+        headers={"x-api-key": KEYS.anthropic},
+    )
     assert r.status_code == 400 and "anthropic-version" in r.json()["error"]["message"]
 
 
 def test_fake_429_carries_retry_after(upstream):
-    r = httpx.post(f"{upstream.url}/v1/chat/completions", json={"model": "error-429", "messages": []}, headers=OPENAI_AUTH)
+    r = httpx.post(
+        f"{upstream.url}/v1/chat/completions", json={"model": "error-429", "messages": []}, headers=OPENAI_AUTH
+    )
     assert r.status_code == 429 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["code"] == "rate_limit_exceeded"
 
@@ -104,8 +118,9 @@ def test_fake_429_carries_retry_after(upstream):
 def test_fake_embeddings_in_base64_decode_to_the_float_vectors(upstream):
     url = f"{upstream.url}/v1/embeddings"
     floats = httpx.post(url, json={"model": "e", "input": ["x"], "dimensions": 4}, headers=OPENAI_AUTH).json()
-    packed = httpx.post(url, json={"model": "e", "input": ["x"], "dimensions": 4, "encoding_format": "base64"},
-                        headers=OPENAI_AUTH).json()
+    packed = httpx.post(
+        url, json={"model": "e", "input": ["x"], "dimensions": 4, "encoding_format": "base64"}, headers=OPENAI_AUTH
+    ).json()
     decoded = struct.unpack("<4f", base64.b64decode(packed["data"][0]["embedding"]))
     assert decoded == pytest.approx(floats["data"][0]["embedding"], rel=1e-6)
 
@@ -121,12 +136,22 @@ def test_official_openai_sdk_reads_the_fake(upstream):
     with openai.OpenAI(base_url=f"{upstream.url}/v1", api_key=KEYS.openai, max_retries=0) as client:
         completion = client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
         assert completion.choices[0].message.content == "echo: hi" and completion.usage is not None
-        stream = client.chat.completions.create(model="tool-gpt", messages=[{"role": "user", "content": "hi"}],
-                                                tools=[WEATHER], stream=True, stream_options={"include_usage": True})
-        args = "".join(tc.function.arguments or "" for c in stream if c.choices
-                       for tc in c.choices[0].delta.tool_calls or () if tc.function)
+        stream = client.chat.completions.create(
+            model="tool-gpt",
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[WEATHER],
+            stream=True,
+            stream_options={"include_usage": True},  # type: ignore[call-overload]
+        )
+        args = "".join(
+            tc.function.arguments or ""
+            for c in stream
+            if c.choices
+            for tc in c.choices[0].delta.tool_calls or ()
+            if tc.function
+        )
         assert msgspec.json.decode(args) == {"city": "Paris"}
-        assert [m.id for m in client.models.list()][0] == "gpt-4o-mini"
+        assert next(m.id for m in client.models.list()) == "gpt-4o-mini"
         with pytest.raises(openai.RateLimitError):
             client.chat.completions.create(model="error-429", messages=[{"role": "user", "content": "hi"}])
 
@@ -135,10 +160,16 @@ def test_official_anthropic_sdk_reads_the_fake(upstream):
     with anthropic.Anthropic(base_url=upstream.url, api_key=KEYS.anthropic, max_retries=0) as client:
         message = client.messages.create(model="claude", max_tokens=50, messages=[{"role": "user", "content": "hi"}])
         assert message.content[0].type == "text" and message.content[0].text == "echo: hi"
-        with client.messages.stream(model="tool-claude", max_tokens=50, messages=[{"role": "user", "content": "hi"}],
-                                    tools=[{"name": "get_weather", "input_schema": {"type": "object"}}]) as stream:
+        with client.messages.stream(
+            model="tool-claude",
+            max_tokens=50,
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[{"name": "get_weather", "input_schema": {"type": "object"}}],
+        ) as stream:
             final = stream.get_final_message()
-        assert final.stop_reason == "tool_use" and final.content[-1].input == {"city": "Paris"}
+        block = final.content[-1]
+        assert final.stop_reason == "tool_use"
+        assert isinstance(block, anthropic.types.ToolUseBlock) and block.input == {"city": "Paris"}
         with pytest.raises(anthropic.InternalServerError):
             client.messages.create(model="error-529", max_tokens=5, messages=[{"role": "user", "content": "x"}])
 
@@ -146,14 +177,15 @@ def test_official_anthropic_sdk_reads_the_fake(upstream):
 def test_fake_upstream_stop_joins_its_thread_and_frees_the_port():
     with FakeUpstream(FakeKeys(openai="k")) as fake:
         assert httpx.get(f"{fake.url}/v1/models", headers={"authorization": "Bearer k"}).status_code == 200
-        url = fake.url
-    assert not any(t.name == "fake-upstream" for t in threading.enumerate())
+        url, port = fake.url, fake.port
+        assert any(t.name == f"fake-upstream-{port}" for t in threading.enumerate())
+    assert not any(t.name == f"fake-upstream-{port}" for t in threading.enumerate())
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/v1/models")
 
 
 def test_fake_upstream_runs_as_its_own_process():
-    process = subprocess.Popen(  # noqa: S603 - fixed argv, our own module
+    process = subprocess.Popen(
         [sys.executable, "-m", "tests.fakes.upstream", "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gateway.errors import InvalidRequest, ProviderBadResponse, ProviderRateLimited
@@ -12,6 +14,7 @@ from gateway.types import (
     ImagePart,
     Message,
     ResponseFormat,
+    StreamEvent,
     TextDelta,
     TextPart,
     Tool,
@@ -21,7 +24,7 @@ from gateway.types import (
     Usage,
     UsageEvent,
 )
-from tests.gateway.providers.conftest import MOCK_URL, Recorder, chat, collect, data, sse, user
+from tests.gateway.providers.conftest import MOCK_URL, Recorder, chat, collect, data, drain, sse, user
 
 WEATHER = Tool("get_weather", "Weather in a city", {"type": "object", "properties": {"city": {"type": "string"}}})
 COMPLETION = (
@@ -31,8 +34,14 @@ COMPLETION = (
 )
 
 
-def _chunk(delta: dict, finish: str | None = None) -> str:
-    return data({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+    return data(
+        {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+    )
 
 
 async def test_openai_request_translates_every_canonical_field(mocked):
@@ -41,14 +50,26 @@ async def test_openai_request_translates_every_canonical_field(mocked):
         model="alias",
         messages=[
             Message("system", [TextPart("Be terse.")]),
-            Message("user", [TextPart("What is this?"), ImagePart(url="https://x.test/a.png"),
-                             ImagePart(media_type="image/jpeg", data="QUJD")]),
+            Message(
+                "user",
+                [
+                    TextPart("What is this?"),
+                    ImagePart(url="https://x.test/a.png"),
+                    ImagePart(media_type="image/jpeg", data="QUJD"),
+                ],
+            ),
             Message("assistant", tool_calls=[ToolCall("call_1", "get_weather", '{"city":"Paris"}')]),
             Message("tool", [TextPart("sunny")], tool_call_id="call_1"),
         ],
-        max_tokens=64, temperature=0.5, top_p=0.9, stop=["END"], seed=7, user="u-1",
+        max_tokens=64,
+        temperature=0.5,
+        top_p=0.9,
+        stop=["END"],
+        seed=7,
+        user="u-1",
         tools=[Tool("get_weather", "Weather in a city", {"type": "object"}, strict=True)],
-        tool_choice=ToolChoice("tool", "get_weather"), parallel_tool_calls=False,
+        tool_choice=ToolChoice("tool", "get_weather"),
+        parallel_tool_calls=False,
         response_format=ResponseFormat("json_schema", name="answer", schema={"type": "object"}, strict=True),
         extra={"presence_penalty": 0.1, "logit_bias": {"50256": -100}, "temperature": 2.0},
     )
@@ -60,22 +81,52 @@ async def test_openai_request_translates_every_canonical_field(mocked):
         "model": "gpt-4o",
         "messages": [
             {"role": "system", "content": "Be terse."},
-            {"role": "user", "content": [
-                {"type": "text", "text": "What is this?"},
-                {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}},
-                {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,QUJD"}},
-            ]},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is this?"},
+                    {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}},
+                    {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,QUJD"}},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                    }
+                ],
+            },
             {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
         ],
-        "max_completion_tokens": 64, "temperature": 0.5, "top_p": 0.9, "seed": 7, "user": "u-1", "stop": ["END"],
-        "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                                    "parameters": {"type": "object"}, "strict": True}}],
+        "max_completion_tokens": 64,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "seed": 7,
+        "user": "u-1",
+        "stop": ["END"],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Weather in a city",
+                    "parameters": {"type": "object"},
+                    "strict": True,
+                },
+            }
+        ],
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
         "parallel_tool_calls": False,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}, "strict": True}},
-        "presence_penalty": 0.1, "logit_bias": {"50256": -100},  # extras merged; canonical temperature wins
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": {"type": "object"}, "strict": True},
+        },
+        "presence_penalty": 0.1,
+        "logit_bias": {"50256": -100},  # extras merged; canonical temperature wins
     }
 
 
@@ -113,11 +164,21 @@ async def test_openai_chat_parses_text_finish_and_cached_usage(mocked):
 
 @pytest.mark.parametrize(
     ("reason", "has_calls", "expected"),
-    [("stop", False, "stop"), ("length", False, "length"), ("content_filter", False, "content_filter"),
-     ("tool_calls", True, "tool_calls"), ("function_call", True, "tool_calls"), ("stop", True, "tool_calls")],
+    [
+        ("stop", False, "stop"),
+        ("length", False, "length"),
+        ("content_filter", False, "content_filter"),
+        ("tool_calls", True, "tool_calls"),
+        ("function_call", True, "tool_calls"),
+        ("stop", True, "tool_calls"),
+    ],
 )
 async def test_openai_finish_reasons_map_to_canonical(mocked, reason, has_calls, expected):
-    calls = ', "tool_calls":[{"id":"call_9","type":"function","function":{"name":"f","arguments":"{}"}}]' if has_calls else ""
+    calls = (
+        ', "tool_calls":[{"id":"call_9","type":"function","function":{"name":"f","arguments":"{}"}}]'
+        if has_calls
+        else ""
+    )
     body = f'{{"choices":[{{"index":0,"message":{{"content":null{calls}}},"finish_reason":"{reason}"}}]}}'.encode()
     response = await mocked("openai", Recorder(body)).chat(chat(), "m")
     assert response.finish_reason == expected
@@ -137,8 +198,14 @@ async def test_openai_stream_translates_chunks_into_exact_events(mocked):
         _chunk({"content": "Hel"}),
         _chunk({"content": "lo"}),
         _chunk({}, "stop"),
-        data({"id": "c", "object": "chat.completion.chunk", "choices": [],
-              "usage": {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}}}),
+        data(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}},
+            }
+        ),
         "data: [DONE]",
     )
     events = await collect(mocked("openai", Recorder(body)), chat(), "m")
@@ -147,10 +214,33 @@ async def test_openai_stream_translates_chunks_into_exact_events(mocked):
 
 async def test_openai_stream_tool_calls_keep_their_index_and_first_piece_names(mocked):
     body = sse(
-        _chunk({"role": "assistant", "content": None, "tool_calls": [
-            {"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}),
+        _chunk(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "call_a",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": ""},
+                    }
+                ],
+            }
+        ),
         _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":'}}]}),
-        _chunk({"tool_calls": [{"index": 1, "id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}),
+        _chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 1,
+                        "id": "call_b",
+                        "type": "function",
+                        "function": {"name": "get_time", "arguments": "{}"},
+                    }
+                ]
+            }
+        ),
         _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
         _chunk({}, "tool_calls"),
         "data: [DONE]",
@@ -181,15 +271,17 @@ async def test_openai_stream_raises_when_done_arrives_without_finish_reason(mock
 
 async def test_openai_stream_raises_when_cut_after_finish_but_before_done(mocked):
     body = sse(_chunk({"content": "Hi"}), _chunk({}, "stop"))
-    seen = []
+    seen: list[StreamEvent] = []
     with pytest.raises(ProviderBadResponse, match=r"\[DONE\]"):
-        async for event in mocked("openai", Recorder(body)).stream(chat(), "m"):
-            seen.append(event)
+        await drain(mocked("openai", Recorder(body)).stream(chat(), "m"), seen)
     assert seen == [TextDelta("Hi")]  # Finish is only ever emitted once [DONE] proves the stream whole
 
 
 async def test_openai_stream_error_chunk_raises_mapped_error(mocked):
-    body = sse(_chunk({"content": "Hi"}), data({"error": {"message": "Rate limit", "type": "tokens", "code": "rate_limit_exceeded"}}))
+    body = sse(
+        _chunk({"content": "Hi"}),
+        data({"error": {"message": "Rate limit", "type": "tokens", "code": "rate_limit_exceeded"}}),
+    )
     with pytest.raises(ProviderRateLimited):
         await collect(mocked("openai", Recorder(body)), chat(), "m")
 
@@ -212,12 +304,20 @@ async def test_openai_cached_usage_from_fake(live):
 
 
 async def test_openai_embed_asks_for_floats_and_orders_by_index(mocked):
-    body = (b'{"object":"list","model":"text-embedding-3-small","usage":{"prompt_tokens":4,"total_tokens":4},"data":['
-            b'{"object":"embedding","index":1,"embedding":[0.5,0.25]},{"object":"embedding","index":0,"embedding":[1.0,-1.0]}]}')
+    body = (
+        b'{"object":"list","model":"text-embedding-3-small","usage":{"prompt_tokens":4,"total_tokens":4},"data":['
+        b'{"object":"embedding","index":1,"embedding":[0.5,0.25]},{"object":"embedding","index":0,"embedding":[1.0,-1.0]}]}'
+    )
     recorder = Recorder(body)
     result = await mocked("openai", recorder).embed(EmbeddingRequest("e", ["a", "b"], dimensions=2, user="u"), "te-3")
     assert str(recorder.requests[-1].url) == f"{MOCK_URL}/v1/embeddings"
-    assert recorder.json == {"model": "te-3", "input": ["a", "b"], "encoding_format": "float", "dimensions": 2, "user": "u"}
+    assert recorder.json == {
+        "model": "te-3",
+        "input": ["a", "b"],
+        "encoding_format": "float",
+        "dimensions": 2,
+        "user": "u",
+    }
     assert result.data == [[1.0, -1.0], [0.5, 0.25]] and result.usage.input_tokens == 4
 
 
