@@ -192,9 +192,12 @@ class AnthropicProvider:
         start_usage: _Usage | None = None
         delta_usage: _Usage | None = None
         reason: str | None = None
+        done = False
         async with self._up.open_stream(self._url, build_body(request, model, stream=True)) as response:
             with self._up.reading():
                 async for sse in iter_sse(response):
+                    if done:
+                        continue  # NOTE: read on to the body's end so the connection goes back to the pool
                     event = self._up.decode(sse.data, _Event)
                     kind = event.type
                     if kind == "content_block_delta" and event.delta is not None and event.index is not None:
@@ -227,11 +230,12 @@ class AnthropicProvider:
                             raise self._up.bad_response("stream reached message_stop without a stop_reason")
                         yield Finish(_finish(reason, json_mode and not tools))
                         yield UsageEvent(_usage(start_usage, delta_usage))
-                        return
+                        done = True
                     elif kind == "error":
                         error = event.error or _Error()
                         raise self._error(error)
-        raise self._up.bad_response("stream ended before message_stop")
+        if not done:
+            raise self._up.bad_response("stream ended before message_stop")
 
     async def embed(self, request: EmbeddingRequest, model: str) -> EmbeddingResponse:
         """Anthropic has no embeddings API.

@@ -176,17 +176,20 @@ class OpenAIProvider:
         """
         reason: str | None = None
         usage: Usage | None = None
-        saw_tools = False
+        saw_tools = done = False
         async with self._up.open_stream(self._chat_url, build_body(request, model, stream=True)) as response:
             with self._up.reading():
                 async for sse in iter_sse(response):
+                    if done:
+                        continue  # NOTE: read on to the body's end so the connection goes back to the pool
                     if sse.data == "[DONE]":
                         if reason is None:
                             raise self._up.bad_response("stream ended without a finish_reason")
                         yield Finish(_finish(reason, saw_tools))
                         if usage is not None:
                             yield UsageEvent(usage)
-                        return
+                        done = True
+                        continue
                     chunk = self._up.decode(sse.data, _Completion)
                     if chunk.error is not None:
                         raise self._stream_error(chunk.error)
@@ -208,6 +211,8 @@ class OpenAIProvider:
                                 yield ToolCallDelta(index=index, id=call.id, name=fn.name, arguments=fn.arguments or "")
                         if choice.finish_reason:
                             reason = choice.finish_reason
+        if done:
+            return
         raise self._up.bad_response(
             "stream ended before data: [DONE]" if reason else "stream ended without a finish_reason"
         )

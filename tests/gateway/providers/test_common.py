@@ -166,3 +166,11 @@ async def test_build_providers_picks_the_adapter_and_shares_the_client(kind):
     sent = transport.requests[-1]
     assert sent.extensions["timeout"] == {"connect": 0.5, "read": 7.0, "write": 7.0, "pool": 7.0}
     assert sent.headers["x-team"] == "search" and sent.headers["content-type"] == "application/json"
+
+
+async def test_finished_streams_give_their_connection_back_to_the_pool(live, client, kind):
+    provider = live(kind)
+    for _ in range(3):
+        assert (await collect(provider, chat(), "m"))[-2] == Finish("stop")
+    pool = client._transport._pool  # httpx internals: the only view of pooled connections
+    assert len(pool.connections) == 1 and pool.connections[0].is_idle()
