@@ -149,7 +149,7 @@ class OpenAIProvider:
         """
         doc = await self._up.post(self._chat_url, build_body(request, model, stream=False), _Completion)
         if doc.error is not None:
-            raise self._stream_error(doc.error)
+            raise self._body_error(doc.error)
         choice = doc.choices[0] if doc.choices else None
         if choice is None or choice.message is None:
             raise self._up.bad_response("upstream answer has no choices")
@@ -192,7 +192,7 @@ class OpenAIProvider:
                         continue
                     chunk = self._up.decode(sse.data, _Completion)
                     if chunk.error is not None:
-                        raise self._stream_error(chunk.error)
+                        raise self._body_error(chunk.error)
                     if chunk.usage is not None:
                         usage = _usage(chunk.usage)
                     for choice in chunk.choices or ():
@@ -236,8 +236,8 @@ class OpenAIProvider:
         usage = Usage(input_tokens=doc.usage.prompt_tokens or 0) if doc.usage else Usage()
         return EmbeddingResponse(model=doc.model or model, data=vectors, usage=usage)
 
-    def _stream_error(self, error: Any) -> UpstreamError | InvalidRequest:
-        """The gateway error for an ``{"error": ...}`` object found inside a 200 answer."""
+    def _body_error(self, error: Any) -> UpstreamError | InvalidRequest:
+        """The gateway error for an ``{"error": ...}`` object inside a 200 body or an SSE chunk."""
         if not isinstance(error, dict):
             return self._up.status_error(500, str(error))
         kind = f"{error.get('type') or ''} {error.get('code') or ''}"
