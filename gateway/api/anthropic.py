@@ -7,6 +7,7 @@ renderer by path); errors after the first streamed byte become an ``error`` even
 from __future__ import annotations
 
 from typing import Any
+
 from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.response import Stream

@@ -16,7 +16,6 @@ from typing import Any, Protocol
 
 import structlog
 from litestar import Request, Response
-from litestar.datastructures import State
 from litestar.response import Stream
 
 from gateway.api.errors import to_gateway_error
@@ -83,9 +82,7 @@ def respond(
     return Stream(_sse(request, encoder, result), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
 
 
-async def _sse(
-    request: Request[Any, Any, Any], encoder: StreamEncoder, streamed: Streamed
-) -> AsyncIterator[bytes]:
+async def _sse(request: Request[Any, Any, Any], encoder: StreamEncoder, streamed: Streamed) -> AsyncIterator[bytes]:
     """Encode a stream; an error after the first byte becomes an error event, never a clean end."""
     try:
         async for event in streamed.events:

@@ -7,8 +7,8 @@ each error once: ``warning`` for 4xx, ``error`` for 5xx. Never returns a stack t
 
 from __future__ import annotations
 
-from typing import Any
 import secrets
+from typing import Any
 
 import structlog
 from litestar import Request, Response

@@ -66,9 +66,7 @@ async def list_models(request: Request[Any, Any, Any], state: State) -> Response
 
 
 @get("/v1/models/{model:path}", summary="Retrieve a model")
-async def retrieve_model(
-    request: Request[Any, Any, Any], state: State, model: FromPath[str]
-) -> Response[bytes]:
+async def retrieve_model(request: Request[Any, Any, Any], state: State, model: FromPath[str]) -> Response[bytes]:
     """One model alias."""
     call = make_call(request, "models")
     model = model.lstrip("/")

@@ -8,7 +8,6 @@ vendor's format: each adapter module (``openai``, ``anthropic``, ``gemini``) own
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import httpx
@@ -23,6 +22,8 @@ from gateway.errors import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
+
     from gateway.policy import ProviderConfig
     from gateway.types import ChatRequest, ChatResponse, EmbeddingRequest, EmbeddingResponse, StreamEvent
 

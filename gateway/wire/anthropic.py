@@ -33,7 +33,6 @@ from gateway.types import (
     ToolCallDelta,
     ToolChoice,
     Usage,
-    UsageEvent,
 )
 
 # ---------------------------------------------------------------------------------------------

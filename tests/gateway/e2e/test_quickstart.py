@@ -8,14 +8,18 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import msgspec
 import openai
 
-from tests.fakes.upstream import FakeUpstream
 from tests.gateway.e2e.conftest import _free_port
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tests.fakes.upstream import FakeUpstream
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], seconds: float = 30) -> None:
@@ -33,12 +37,20 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], seconds: float = 30) ->
 
 def test_serve_on_a_fresh_directory_migrates_prints_one_key_and_serves(tmp_path: Path, upstream: FakeUpstream):
     port = _free_port()
-    env = {**os.environ, "OPENAI_API_KEY": "sk-fake-openai", "OPENAI_BASE_URL": f"{upstream.url}/v1",
-           "CROSSWAY_LOG_LEVEL": "info"}
+    env = {
+        **os.environ,
+        "OPENAI_API_KEY": "sk-fake-openai",
+        "OPENAI_BASE_URL": f"{upstream.url}/v1",
+        "CROSSWAY_LOG_LEVEL": "info",
+    }
     env.pop("DATABASE_URL", None)
     proc = subprocess.Popen(  # noqa: S603 - our own console script, fixed arguments
         [sys.executable, "-c", "from gateway.cli import main; raise SystemExit(main())", "serve", "--port", str(port)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc)
@@ -50,7 +62,7 @@ def test_serve_on_a_fresh_directory_migrates_prints_one_key_and_serves(tmp_path:
                 pass
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=20)
     text = err.decode()
     keys = re.findall(r"cw-[A-Za-z0-9_-]{20,}", text)
     assert len(keys) == 1, "the bootstrap key is printed exactly once"
@@ -60,22 +72,51 @@ def test_serve_on_a_fresh_directory_migrates_prints_one_key_and_serves(tmp_path:
 
 def test_request_logs_carry_request_id_and_never_the_prompt(tmp_path: Path, upstream: FakeUpstream):
     port = _free_port()
-    env = {**os.environ, "OPENAI_API_KEY": "sk-fake-openai", "OPENAI_BASE_URL": f"{upstream.url}/v1",
-           "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}"}
+    env = {
+        **os.environ,
+        "OPENAI_API_KEY": "sk-fake-openai",
+        "OPENAI_BASE_URL": f"{upstream.url}/v1",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
+    }
     proc = subprocess.Popen(  # noqa: S603
         [sys.executable, "-c", "from gateway.cli import main; raise SystemExit(main())", "serve", "--port", str(port)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc)
         # the bootstrap key is on stderr; read it from the database instead of racing the pipe
-        key = subprocess.run(  # noqa: S603
-            [sys.executable, "-c", "from gateway.cli import main; raise SystemExit(main())", "keys", "create",
-             "--tenant", "logs"], cwd=tmp_path, env=env, capture_output=True, check=True).stdout.decode().strip()
+        key = (
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "from gateway.cli import main; raise SystemExit(main())",
+                    "keys",
+                    "create",
+                    "--tenant",
+                    "logs",
+                ],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                check=True,
+            )
+            .stdout.decode()
+            .strip()
+        )
         with openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0) as client:
-            client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "SECRET-PROMPT-42"}])
-            list(client.chat.completions.create(model="gpt-4o-mini", stream=True,
-                                                messages=[{"role": "user", "content": "SECRET-PROMPT-43"}]))
+            client.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "SECRET-PROMPT-42"}]
+            )
+            list(
+                client.chat.completions.create(
+                    model="gpt-4o-mini", stream=True, messages=[{"role": "user", "content": "SECRET-PROMPT-43"}]
+                )
+            )
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
