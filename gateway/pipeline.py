@@ -20,8 +20,8 @@ import structlog
 
 from gateway import dispatch, tokens
 from gateway.errors import GatewayError
-from gateway.providers import build_providers
-from gateway.types import TextDelta, ToolCallDelta, Usage, UsageEvent
+from gateway.providers import SelfHostProvider, build_providers
+from gateway.types import ChatRequest, TextDelta, ToolCallDelta, Usage, UsageEvent
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from gateway.providers.base import Provider
     from gateway.settings import Settings
     from gateway.store.keys import Principal
-    from gateway.types import ChatRequest, ChatResponse, EmbeddingRequest, EmbeddingResponse, StreamEvent
+    from gateway.types import ChatResponse, EmbeddingRequest, EmbeddingResponse, StreamEvent
 
 log = structlog.get_logger("gateway.request")
 
@@ -76,6 +76,12 @@ class Runtime:
         self.policy = policy
         self.providers: Mapping[str, Provider] = build_providers(policy.providers, client)
 
+    async def aclose(self) -> None:
+        """Release what providers hold beyond the shared client (the in-process engine's thread)."""
+        for provider in self.providers.values():
+            if isinstance(provider, SelfHostProvider):
+                await provider.aclose()
+
 
 class Pipeline:
     """The stages, wired once at startup; each method is the request path of one endpoint."""
@@ -91,7 +97,7 @@ class Pipeline:
         principal = await self.auth.authenticate(call.api_key)  # 401 before the body is looked at
         request = decode()  # 400
         plan = self.runtime.policy.resolve(request.model)  # 404
-        _bind(principal, request.model)
+        _bind(principal, request)
         # limits / budget, moderation.in and the response cache join here (their own issues)
         if request.stream:
             return await self._open_stream(call, request, plan)
@@ -157,7 +163,7 @@ class Pipeline:
         principal = await self.auth.authenticate(call.api_key)
         request = decode()
         plan = self.runtime.policy.resolve(request.model)
-        _bind(principal, request.model)
+        _bind(principal, request)
         try:
             response, served_by = await dispatch.embed(plan, request, self.runtime.providers, self.metrics)
         except GatewayError as exc:
@@ -194,8 +200,10 @@ class Pipeline:
         )
 
 
-def _bind(principal: Principal, model: str) -> None:
-    structlog.contextvars.bind_contextvars(tenant=principal.tenant, model=model)
+def _bind(principal: Principal, request: ChatRequest | EmbeddingRequest) -> None:
+    if isinstance(request, ChatRequest):
+        request.tenant = principal.tenant
+    structlog.contextvars.bind_contextvars(tenant=principal.tenant, model=request.model)
 
 
 def _estimate(request: ChatRequest, output: str) -> Usage:

@@ -20,13 +20,14 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from pathlib import Path
 
-ProviderKind = Literal["openai", "anthropic", "gemini"]
+ProviderKind = Literal["openai", "anthropic", "gemini", "selfhost"]
 _S = TypeVar("_S", bound=msgspec.Struct)
 
 _DEFAULT_BASE_URLS: dict[str, str] = {
     "openai": "https://api.openai.com/v1",
     "anthropic": "https://api.anthropic.com",
     "gemini": "https://generativelanguage.googleapis.com",
+    "selfhost": "inprocess://engine",
 }
 
 
@@ -48,6 +49,8 @@ class ProviderSpec(msgspec.Struct, forbid_unknown_fields=True):
     timeout_s: float = 600.0
     connect_timeout_s: float = 5.0
     headers: dict[str, str] = msgspec.field(default_factory=dict)
+    engine: dict[str, Any] = msgspec.field(default_factory=dict)
+    """``selfhost`` only: ``selfhost.config.EngineConfig`` fields (``max_num_seqs``, ``dtype``, ``device``...)."""
 
 
 class TargetSpec(msgspec.Struct, forbid_unknown_fields=True):
@@ -86,6 +89,8 @@ class ProviderConfig:
     connect_timeout_s: float
     headers: Mapping[str, str] = field(default_factory=dict)
     key_required: bool = True
+    engine: dict[str, Any] = field(default_factory=dict)
+    """Engine options of a ``selfhost`` provider."""
 
     @property
     def enabled(self) -> bool:
@@ -209,5 +214,6 @@ def _provider_config(name: str, spec: ProviderSpec, env: Mapping[str, str]) -> P
         timeout_s=spec.timeout_s,
         connect_timeout_s=spec.connect_timeout_s,
         headers=dict(spec.headers),
-        key_required=spec.api_key_required,
+        key_required=spec.api_key_required and spec.kind != "selfhost",
+        engine=dict(spec.engine),
     )

@@ -110,6 +110,8 @@ class ChatRequest(msgspec.Struct):
     user: str | None = None
     wire: Wire = "openai"
     """The caller's wire format."""
+    tenant: str | None = None
+    """Set by the pipeline after auth (never by a client): providers that cache per tenant use it."""
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
     """Fields of the caller's wire that have no canonical meaning (``presence_penalty``, ``metadata``...).
     Forwarded only to a provider that speaks the same wire; other providers ignore them."""

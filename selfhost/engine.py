@@ -52,7 +52,7 @@ class LLMEngine:
         dtype = loader.torch_dtype(cfg.dtype)
         block_bytes = kv_bytes_per_block(model_config, cfg.block_size, dtype)
         num_blocks = cfg.num_kv_blocks or max(1, cfg.kv_cache_memory_bytes // block_bytes)
-        self.max_model_len = min(_max_model_len(cfg, model_config, num_blocks), int(model.rope_cos.shape[0]))
+        self.max_model_len = min(_max_model_len(cfg, model_config, num_blocks), model.max_positions)
         self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         eos = set(model_config.eos_token_ids) | set(tokenizer.eos_token_ids if tokenizer else ())
         self.scheduler = Scheduler(cfg, self.kv, self.max_model_len, eos)
@@ -186,7 +186,8 @@ class LLMEngine:
         tokens: dict[str, list[int]] = {i: [] for i in ids}
         while self.has_unfinished_requests():
             for out in self.step():
-                tokens[out.request_id].extend(out.token_ids)
+                if out.request_id in tokens:  # other callers' requests may share the steps
+                    tokens[out.request_id].extend(out.token_ids)
         return [tokens[i] for i in ids]
 
 

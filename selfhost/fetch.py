@@ -64,9 +64,7 @@ def resolve_model(name_or_path: str, *, cache: Path | None = None, progress: boo
         return path
     spec = KNOWN_MODELS.get(name_or_path.lower())
     if spec is None:
-        raise ValueError(
-            f"unknown model {name_or_path!r}: not a file or folder, and not one of {sorted(KNOWN_MODELS)}"
-        )
+        raise ValueError(f"unknown model {name_or_path!r}: not a file or folder, and not one of {sorted(KNOWN_MODELS)}")
     return fetch(spec, cache or cache_dir(), progress=progress)
 
 

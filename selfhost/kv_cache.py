@@ -98,8 +98,9 @@ class BlockPool:
     def free(self, blocks: Sequence[KVBlock]) -> None:
         """Drop one reference on each of a request's blocks (given in table order); see the module doc for order."""
         for block in reversed(blocks):
+            if block.ref_cnt <= 0:
+                raise RuntimeError(f"KV block {block.block_id} freed more often than taken")
             block.ref_cnt -= 1
-            assert block.ref_cnt >= 0, f"block {block.block_id} freed twice"
             if block.ref_cnt == 0:
                 self._free[block.block_id] = None
                 if block.block_hash is None:

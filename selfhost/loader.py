@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +20,7 @@ from selfhost.models.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _HF_ARCHS = {"llama", "mistral", "qwen2"}

@@ -74,7 +74,9 @@ class MetricsSnapshot:
 class EngineMetrics:
     """Accumulates what the engine thread reports; ``snapshot`` may be read from any thread (a GIL-atomic copy)."""
 
-    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig, param_bytes: int, kv_bytes_per_token: int) -> None:
+    def __init__(
+        self, model_cfg: ModelConfig, engine_cfg: EngineConfig, param_bytes: int, kv_bytes_per_token: int
+    ) -> None:
         self.engine_cfg = engine_cfg
         self.param_bytes = param_bytes
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -184,5 +186,8 @@ def render_prometheus(snap: MetricsSnapshot, model: str) -> str:
             cumulative += count
             le = "+Inf" if bound == float("inf") else repr(bound)
             lines.append(f'crossway_engine_{name}_bucket{{{label},le="{le}"}} {cumulative}')
-        lines += [f"crossway_engine_{name}_sum{{{label}}} {hist.total}", f"crossway_engine_{name}_count{{{label}}} {hist.count}"]
+        lines += [
+            f"crossway_engine_{name}_sum{{{label}}} {hist.total}",
+            f"crossway_engine_{name}_count{{{label}}} {hist.count}",
+        ]
     return "\n".join(lines) + "\n"

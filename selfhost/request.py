@@ -110,6 +110,5 @@ class Request:
 
     def __repr__(self) -> str:
         return (
-            f"Request({self.request_id!r}, {self.status.value}, "
-            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+            f"Request({self.request_id!r}, {self.status.value}, computed={self.num_computed_tokens}/{self.num_tokens})"
         )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from selfhost.models.ops import AttentionMetadata
+from selfhost.models.ops import build_attention_metadata
 
 if TYPE_CHECKING:
     from selfhost.config import ModelConfig
@@ -31,7 +31,13 @@ class ModelRunner:
     """Owns the model and its paged KV cache tensors; ``execute`` runs one step."""
 
     def __init__(
-        self, model: LlamaForCausalLM, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str
+        self,
+        model: LlamaForCausalLM,
+        cfg: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: str,
     ) -> None:
         self.model = model
         self.cfg = cfg
@@ -46,32 +52,22 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, kv: KVCacheManager) -> torch.Tensor:
         """Run the batch's new tokens; return ``(S, vocab)`` fp32 logits of its S sampling requests, in order."""
-        bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
         query_start = [0]
         seq_lens: list[int] = []
-        block_tables: list[torch.Tensor] = []
+        tables: list[list[int]] = []
         logits_rows: list[int] = []
         for request, num_new in zip(batch.requests, batch.num_new_tokens, strict=True):
             start, end = request.num_computed_tokens, request.num_computed_tokens + num_new
-            table = kv.block_ids(request.request_id)
             input_ids.extend(request.all_token_ids[start:end])
             positions.extend(range(start, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             query_start.append(query_start[-1] + num_new)
             seq_lens.append(end)
-            block_tables.append(torch.tensor(table, dtype=torch.long, device=self.device))
+            tables.append(kv.block_ids(request.request_id))
             if end == request.num_tokens:
                 logits_rows.append(query_start[-1] - 1)
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            query_start=query_start,
-            seq_lens=seq_lens,
-            block_tables=block_tables,
-            block_size=bs,
-        )
+        meta = build_attention_metadata(query_start, seq_lens, tables, self.block_size, self.device)
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         hidden = self.model(ids, pos, self.kv_caches, meta)  # (N, C)

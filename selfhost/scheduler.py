@@ -41,7 +41,11 @@ class ScheduledBatch:
     @property
     def sampling_requests(self) -> list[Request]:
         """Requests whose last token runs this step, so the step samples their next token."""
-        return [r for r, n in zip(self.requests, self.num_new_tokens, strict=True) if r.num_computed_tokens + n == r.num_tokens]
+        return [
+            r
+            for r, n in zip(self.requests, self.num_new_tokens, strict=True)
+            if r.num_computed_tokens + n == r.num_tokens
+        ]
 
 
 class Scheduler:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -20,13 +19,12 @@ from selfhost.loader import gguf_field, gguf_reader, is_gguf
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from pathlib import Path
 
 ChatMessage = dict[str, Any]
 
 # GGUF ``tokenizer.ggml.pre`` -> split regex applied before byte-level BPE (llama.cpp's table).
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+_LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
@@ -68,9 +66,9 @@ class Tokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; with ``add_special_tokens`` the BOS is prepended when the model wants one."""
         ids: list[int] = self.backend.encode(text, add_special_tokens=False).ids
-        if add_special_tokens and self.add_bos and self.bos_token_id is not None:
-            if not ids or ids[0] != self.bos_token_id:
-                ids.insert(0, self.bos_token_id)
+        bos = self.bos_token_id
+        if add_special_tokens and self.add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
         return ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
@@ -88,12 +86,17 @@ class Tokenizer:
         bos = self.token(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.token(self.eos_token_ids[0]) if self.eos_token_ids else ""
         return self._template.render(
-            messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos
+            messages=[dict(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos,
+            eos_token=eos,
         )
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered chat (the template writes its own special tokens)."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt), add_special_tokens=False)
+        return self.encode(
+            self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt), add_special_tokens=False
+        )
 
 
 def _raise_template_error(message: str) -> None:
@@ -166,8 +169,14 @@ def _from_gguf(path: Path) -> Tokenizer:
     else:
         backend.pre_tokenizer = byte_level
     backend.decoder = decoders.ByteLevel()
-    specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty == _CONTROL]
-    specials += [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty == _USER_DEFINED]
+    specials = [
+        AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty == _CONTROL
+    ]
+    specials += [
+        AddedToken(t, special=False, normalized=False)
+        for t, ty in zip(tokens, types, strict=True)
+        if ty == _USER_DEFINED
+    ]
     backend.add_tokens(specials)
     eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
     eos_ids = [int(eos)] if eos is not None else []

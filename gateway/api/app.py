@@ -62,6 +62,7 @@ def create_app(settings: Settings) -> Litestar:
         try:
             yield
         finally:
+            await pipeline.runtime.aclose()
             await client.aclose()
             if redis is not None:
                 await redis.aclose()

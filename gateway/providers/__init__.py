@@ -13,6 +13,7 @@ from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.base import Provider
 from gateway.providers.gemini import GeminiProvider
 from gateway.providers.openai import OpenAIProvider
+from gateway.providers.selfhost import SelfHostProvider
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -21,12 +22,13 @@ if TYPE_CHECKING:
 
     from gateway.policy import ProviderConfig
 
-__all__ = ["AnthropicProvider", "GeminiProvider", "OpenAIProvider", "Provider", "build_providers"]
+__all__ = ["AnthropicProvider", "GeminiProvider", "OpenAIProvider", "Provider", "SelfHostProvider", "build_providers"]
 
 _ADAPTERS: dict[str, Callable[[ProviderConfig, httpx.AsyncClient], Provider]] = {
     "openai": OpenAIProvider,
     "anthropic": AnthropicProvider,
     "gemini": GeminiProvider,
+    "selfhost": SelfHostProvider,
 }
 
 

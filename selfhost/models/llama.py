@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812 (the torch convention)
 from torch import nn
 
 from selfhost.models import ops
@@ -52,9 +52,10 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
         meta: ops.AttentionMetadata,
     ) -> torch.Tensor:
+        """Attend ``(N, C)`` inputs over their sequences' cached context (after writing this step's K/V)."""
         N = x.shape[0]
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # (N, (nh + 2 nkv) hd)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(N, self.nh, self.hd)  # (N, nh, hd)
         k = k.view(N, self.nkv, self.hd)  # (N, nkv, hd)
         v = v.view(N, self.nkv, self.hd)
@@ -76,7 +77,8 @@ class MLP(nn.Module):
         self.down_bias = _bias(cfg.mlp_bias, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).split(self.inter, dim=-1)  # 2 x (N, I)
+        """``down(silu(gate(x)) * up(x))`` for ``(N, C)`` inputs."""
+        gate, up = torch.split(F.linear(x, self.gate_up_weight, self.gate_up_bias), self.inter, dim=-1)  # 2 x (N, I)
         return F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)  # (N, C)
 
 
@@ -100,6 +102,7 @@ class DecoderLayer(nn.Module):
         v_cache: torch.Tensor,
         meta: ops.AttentionMetadata,
     ) -> torch.Tensor:
+        """One block over ``(N, C)`` hidden states."""
         x = x + self.attn(ops.rms_norm(x, self.attn_norm, self.eps), cos, sin, k_cache, v_cache, meta)
         return x + self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps))
 
@@ -107,9 +110,13 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """The decoder stack plus LM head; ``forward`` returns hidden states, ``compute_logits`` the logits."""
 
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
+        self.max_positions = max_positions
         self.embed = _param(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = _param(cfg.hidden_size)
@@ -118,7 +125,12 @@ class LlamaForCausalLM(nn.Module):
         if cfg.rope_scaling is not None:
             rs = cfg.rope_scaling
             inv_freq = ops.llama3_inv_freq(
-                cfg.head_dim, cfg.rope_theta, rs.factor, rs.low_freq_factor, rs.high_freq_factor, rs.original_max_position
+                cfg.head_dim,
+                cfg.rope_theta,
+                rs.factor,
+                rs.low_freq_factor,
+                rs.high_freq_factor,
+                rs.original_max_position,
             )
         cos, sin = ops.rope_cos_sin(cfg.head_dim, max_positions, cfg.rope_theta, inv_freq)
         self.register_buffer("rope_cos", cos, persistent=False)  # (P, hd) fp32
@@ -135,7 +147,8 @@ class LlamaForCausalLM(nn.Module):
         x = F.embedding(input_ids, self.embed)  # (N, C)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (N, hd)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, k_cache, v_cache, meta)
+            x = layer(x, cos, sin, k_cache, v_cache, meta)  # (N, C)
+        assert isinstance(x, torch.Tensor)  # noqa: S101 (narrows nn.Module.__call__'s Any)
         return ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -11,27 +11,75 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812 (the torch convention)
+
+
+@dataclass(slots=True)
+class PrefillSeq:
+    """One sequence that runs more than one new token this step."""
+
+    rows: slice
+    """Its new tokens' rows in the flattened batch."""
+    context_slots: torch.Tensor
+    """(L,) int64: cache slots of its whole context (cached tokens, then the new ones)."""
+    mask: torch.Tensor | None
+    """(q_len, L) bool causal mask when some context is cached; None when the new tokens are the whole context."""
 
 
 @dataclass(slots=True)
 class AttentionMetadata:
     """Where each sequence's tokens sit in the flattened batch and in the paged KV cache.
 
-    Built once per step by the model runner; read by every layer. Owned by the runner; layers
-    must not mutate it.
+    Built once per step by the model runner (``build_attention_metadata``) and shared by every
+    layer, so index arithmetic is paid once per step. Layers must not mutate it.
     """
 
     slot_mapping: torch.Tensor
     """(N,) int64: flat cache slot (``block_id * block_size + offset``) of each new token."""
-    query_start: list[int]
-    """B + 1 offsets: sequence i's new tokens are rows ``query_start[i]:query_start[i+1]``."""
-    seq_lens: list[int]
-    """B context lengths after this step (cached tokens + new tokens)."""
-    block_tables: list[torch.Tensor]
-    """B int64 tensors: the blocks holding each sequence's context, in order."""
-    block_size: int
-    """Tokens per KV block."""
+    decode_rows: torch.Tensor
+    """(D,) int64: rows of the sequences that run exactly one new token."""
+    decode_slots: torch.Tensor
+    """(D, Lmax) int64: cache slots of each decode sequence's context, padded with slot 0."""
+    decode_pad: torch.Tensor
+    """(D, 1, 1, Lmax) bool: True on padding, masked out of the softmax."""
+    prefills: list[PrefillSeq]
+    """The other sequences."""
+
+
+def build_attention_metadata(
+    query_start: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int, device: torch.device
+) -> AttentionMetadata:
+    """Turn per-sequence offsets, context lengths and block tables into the step's index tensors."""
+    new_slots: list[int] = []
+    decode_rows: list[int] = []
+    decode_ctx: list[list[int]] = []
+    prefills: list[PrefillSeq] = []
+    for i, ctx_len in enumerate(seq_lens):
+        table = block_tables[i]
+        start, end = query_start[i], query_start[i + 1]
+        q_len = end - start
+        slots = [table[p // block_size] * block_size + p % block_size for p in range(ctx_len)]
+        new_slots.extend(slots[ctx_len - q_len :])
+        if q_len == 1:
+            decode_rows.append(start)
+            decode_ctx.append(slots)
+            continue
+        mask = None
+        if q_len < ctx_len:  # query r sits at position ctx_len - q_len + r and sees keys 0..that position
+            rows = torch.arange(q_len, device=device).unsqueeze(1) + (ctx_len - q_len)  # (q_len, 1)
+            mask = torch.arange(ctx_len, device=device).unsqueeze(0) <= rows  # (q_len, L)
+        prefills.append(PrefillSeq(slice(start, end), torch.tensor(slots, device=device), mask))
+    lmax = max((len(c) for c in decode_ctx), default=0)
+    padded = [c + [0] * (lmax - len(c)) for c in decode_ctx]
+    lens = torch.tensor([len(c) for c in decode_ctx], device=device)
+    pad = torch.arange(lmax, device=device).unsqueeze(0) >= lens.unsqueeze(1)  # (D, Lmax)
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(new_slots, dtype=torch.long, device=device),
+        decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=device),
+        decode_slots=torch.tensor(padded, dtype=torch.long, device=device).reshape(len(padded), lmax),
+        decode_pad=pad[:, None, None, :],  # (D, 1, 1, Lmax)
+        prefills=prefills,
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -77,7 +125,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries ``(N, nh, hd)`` and keys ``(N, nkv, hd)`` by per-token tables ``(N, hd)``."""
     cos = cos.unsqueeze(1).to(q.dtype)  # (N, 1, hd)
     sin = sin.unsqueeze(1).to(q.dtype)
@@ -108,26 +158,36 @@ def paged_attention(
     Returns:
         ``(N, nh, hd)`` attention outputs.
     """
-    # NOTE(crossway): one SDPA call per sequence over its gathered blocks. On the CPU this keeps
-    # each sequence's arithmetic independent of its batch neighbours (batch invariance) and costs
-    # little next to the linear layers; a paged-attention kernel replaces the loop on the GPU.
     out = torch.empty_like(q)
     nkv, hd = k_cache.shape[2], k_cache.shape[3]
-    bs = meta.block_size
-    for i, ctx_len in enumerate(meta.seq_lens):
-        start, end = meta.query_start[i], meta.query_start[i + 1]
-        q_len = end - start
-        blocks = meta.block_tables[i][: (ctx_len + bs - 1) // bs]
-        k = k_cache[blocks].view(-1, nkv, hd)[:ctx_len].transpose(0, 1)  # (nkv, L, hd)
-        v = v_cache[blocks].view(-1, nkv, hd)[:ctx_len].transpose(0, 1)  # (nkv, L, hd)
-        qi = q[start:end].transpose(0, 1)  # (nh, q_len, hd)
-        mask = None
-        if 1 < q_len < ctx_len:
-            # query row r sits at position ctx_len - q_len + r and sees keys 0..that position
-            rows = torch.arange(q_len).unsqueeze(1) + (ctx_len - q_len)  # (q_len, 1)
-            mask = torch.arange(ctx_len).unsqueeze(0) <= rows  # (q_len, L)
+    k_flat = k_cache.view(-1, nkv, hd)  # (num_blocks * block_size, nkv, hd)
+    v_flat = v_cache.view(-1, nkv, hd)
+    if meta.decode_rows.numel():
+        out[meta.decode_rows] = _decode_attention(q[meta.decode_rows], k_flat, v_flat, meta, scale)
+    # NOTE(crossway): multi-token sequences (prefill chunks) get one SDPA call each over their
+    # gathered context; a paged-attention kernel replaces this loop on the GPU.
+    for seq in meta.prefills:
+        k = k_flat[seq.context_slots].transpose(0, 1)  # (nkv, L, hd)
+        v = v_flat[seq.context_slots].transpose(0, 1)
+        qi = q[seq.rows].transpose(0, 1)  # (nh, q_len, hd)
         o = F.scaled_dot_product_attention(
-            qi, k, v, attn_mask=mask, is_causal=(q_len == ctx_len and q_len > 1), scale=scale, enable_gqa=True
+            qi, k, v, attn_mask=seq.mask, is_causal=seq.mask is None, scale=scale, enable_gqa=True
         )  # (nh, q_len, hd)
-        out[start:end] = o.transpose(0, 1)
+        out[seq.rows] = o.transpose(0, 1)
     return out
+
+
+def _decode_attention(
+    q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    # NOTE(crossway): all one-token sequences attend in one batched matmul over contexts padded to
+    # the longest; padding gets -inf, so it adds exact zeros to each softmax. Query heads are
+    # grouped under their KV head instead of repeating K and V.
+    D, nh, hd = q.shape
+    nkv = k_flat.shape[1]
+    k = k_flat[meta.decode_slots].permute(0, 2, 3, 1)  # (D, nkv, hd, Lmax)
+    v = v_flat[meta.decode_slots].transpose(1, 2)  # (D, nkv, Lmax, hd)
+    qg = q.view(D, nkv, nh // nkv, hd)  # (D, nkv, g, hd)
+    scores = torch.matmul(qg, k) * scale  # (D, nkv, g, Lmax)
+    probs = scores.masked_fill(meta.decode_pad, float("-inf")).softmax(-1)
+    return torch.matmul(probs, v).reshape(D, nh, hd)  # (D, nkv, g, hd) -> (D, nh, hd)

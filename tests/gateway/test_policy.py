@@ -80,5 +80,5 @@ def test_load_policy_reports_missing_file(tmp_path: Path):
 
 def test_default_policy_loads_and_enables_providers_by_sdk_variables():
     policy = load_policy(DEFAULT_POLICY, {"ANTHROPIC_API_KEY": "k"})
-    assert policy.available_models() == ["claude-haiku-4-5", "claude-sonnet-4-5"]
-    assert load_policy(DEFAULT_POLICY, {}).available_models() == []
+    assert policy.available_models() == ["claude-haiku-4-5", "claude-sonnet-4-5", "smollm2"]
+    assert load_policy(DEFAULT_POLICY, {}).available_models() == ["smollm2"]  # the engine needs no key

@@ -72,11 +72,10 @@ def test_prefix_cache_hit_equals_miss(smollm2: Loaded, alone: list[list[int]]) -
         tokens: list[int] = []
         while engine.has_unfinished_requests():
             tokens += [t for out in engine.step() for t in out.token_ids]
-        assert request.num_cached_tokens >= 16 * 4, "the shared system prompt should hit"
+        assert request.num_cached_tokens >= 3 * 16, "the shared system prompt should hit"
         assert tokens == alone[i]
     # the very same prompt again: everything but the last block hits
     again = engine.add_request("again", ps[9], GREEDY)
-    assert engine.generate([], GREEDY) == []
     while engine.has_unfinished_requests():
         engine.step()
     assert again.num_cached_tokens == (len(ps[9]) - 1) // 16 * 16

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from selfhost.loader import load_model, load_model_config, unpermute_rope_rows
-from selfhost.models.ops import AttentionMetadata
+from selfhost.models.ops import build_attention_metadata
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -35,14 +35,13 @@ def run_paged(model: LlamaForCausalLM, prompt: list[int], continuation: list[int
     total = len(prompt) + len(continuation)
     num_blocks = -(-total // BLOCK) + 3
     # blocks deliberately out of order, so the test exercises the paging
-    table = torch.tensor(list(reversed(range(num_blocks))), dtype=torch.long)
+    table = list(reversed(range(num_blocks)))
     shape = (num_blocks, BLOCK, cfg.num_kv_heads, cfg.head_dim)
     caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
 
     def step(ids: list[int], start: int) -> torch.Tensor:
         positions = list(range(start, start + len(ids)))
-        slots = [int(table[p // BLOCK]) * BLOCK + p % BLOCK for p in positions]
-        meta = AttentionMetadata(torch.tensor(slots), [0, len(ids)], [start + len(ids)], [table], BLOCK)
+        meta = build_attention_metadata([0, len(ids)], [start + len(ids)], [table], BLOCK, torch.device("cpu"))
         with torch.inference_mode():
             hidden = model(torch.tensor(ids), torch.tensor(positions), caches, meta)
             return model.compute_logits(hidden[-1:])[0]

@@ -160,3 +160,21 @@ def test_models_lists_configured_aliases_only(gateway):
     ids = [m.id for m in gateway.openai().models.list()]
     assert "gpt-test" in ids and "claude-test" in ids and "nowhere-test" not in ids
     assert gateway.openai().models.retrieve("gemini-test").owned_by == "gemini"
+
+
+@pytest.mark.parametrize("model", ["openai/json", "anthropic/json", "gemini/json"])
+def test_response_format_json_schema_reaches_each_provider(gateway, model):
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    completion = gateway.openai().chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "q"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}})
+    assert msgspec.json.decode(completion.choices[0].message.content) == {"answer": "echo: q"}
+    assert completion.choices[0].finish_reason == "stop"
+    sent = gateway.upstream.requests[-1].body
+    if model.startswith("anthropic"):
+        assert sent["tool_choice"] == {"type": "tool", "name": "json_response"}
+        assert sent["tools"][0]["input_schema"] == schema
+    elif model.startswith("gemini"):
+        assert sent["generationConfig"]["responseMimeType"] == "application/json"
+    else:
+        assert sent["response_format"]["json_schema"]["schema"] == schema
