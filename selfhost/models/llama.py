@@ -104,7 +104,8 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """One block over ``(N, C)`` hidden states."""
         x = x + self.attn(ops.rms_norm(x, self.attn_norm, self.eps), cos, sin, k_cache, v_cache, meta)
-        return x + self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps))
+        out: torch.Tensor = x + self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps))
+        return out
 
 
 class LlamaForCausalLM(nn.Module):

@@ -31,6 +31,7 @@ providers:
   gemini: {{kind: gemini, base_url: "{url}", api_key_env: GEMINI_API_KEY, timeout_s: 2}}
   dead: {{kind: openai, base_url: "http://127.0.0.1:{dead_port}/v1", api_key_required: false, connect_timeout_s: 1}}
   unconfigured: {{kind: openai, api_key_env: NOT_SET_ANYWHERE}}
+  local: {{kind: selfhost, timeout_s: 120, engine: {{max_num_seqs: 8}}}}
 models:
   gpt-test: {{targets: [{{provider: openai, model: gpt-4o-mini}}]}}
   claude-test: {{targets: [{{provider: anthropic, model: claude-sonnet-4-5}}]}}
@@ -38,6 +39,7 @@ models:
   embed-test: {{targets: [{{provider: openai, model: text-embedding-3-small}}]}}
   fallback-test: {{targets: [{{provider: openai, model: error-503}}, {{provider: dead, model: m}}, {{provider: anthropic, model: claude-fallback}}]}}
   nowhere-test: {{targets: [{{provider: unconfigured, model: m}}]}}
+  smollm2: {{targets: [{{provider: local, model: smollm2}}]}}
 """
 
 

@@ -166,8 +166,10 @@ def test_models_lists_configured_aliases_only(gateway):
 def test_response_format_json_schema_reaches_each_provider(gateway, model):
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
     completion = gateway.openai().chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "q"}],
-        response_format={"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}})
+        model=model,
+        messages=[{"role": "user", "content": "q"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}},
+    )
     assert msgspec.json.decode(completion.choices[0].message.content) == {"answer": "echo: q"}
     assert completion.choices[0].finish_reason == "stop"
     sent = gateway.upstream.requests[-1].body
