@@ -35,7 +35,9 @@ def test_gguf_tokenizer_matches_hf_transformers(smollm2: Loaded) -> None:
         assert ours == hf.encode(text, add_special_tokens=False), text
         assert smollm2.tokenizer.decode(ours, skip_special_tokens=False) == text
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
-    assert smollm2.tokenizer.encode_chat(messages) == hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert smollm2.tokenizer.encode_chat(messages) == hf.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 def test_gguf_tokenizer_special_ids(smollm2: Loaded) -> None:
