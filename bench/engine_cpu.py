@@ -37,10 +37,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
-    engine = LLMEngine.from_model("smollm2", EngineConfig(dtype=args.dtype, max_num_batched_tokens=1024, num_kv_blocks=512))
+    engine = LLMEngine.from_model(
+        "smollm2", EngineConfig(dtype=args.dtype, max_num_batched_tokens=1024, num_kv_blocks=512)
+    )
     tok = engine.tokenizer
     assert tok is not None
-    prompts = [tok.encode_chat([{"role": "user", "content": f"Tell me story number {i} about a dragon."}]) for i in range(16)]
+    prompts = [
+        tok.encode_chat([{"role": "user", "content": f"Tell me story number {i} about a dragon."}]) for i in range(16)
+    ]
     decode_rate(engine, prompts[:1], 8)  # warm up
     ours1 = decode_rate(engine, prompts[:1], args.tokens)
     ours16 = decode_rate(engine, prompts, args.tokens)
