@@ -286,16 +286,17 @@ def proc_cpu_s(pid: int) -> float | None:
 
 
 def machine_busy_s() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot, from ``/proc/stat``."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
-    total = sum(values[:8])
-    return (total - idle) / CLK_TCK, total / CLK_TCK
+    """(busy, steal) CPU seconds of the whole machine since boot, from ``/proc/stat``.
+
+    Busy is user + nice + system + irq + softirq: what every process here, ours or not, spent.
+    """
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]] + [0] * 8
+    return (values[0] + values[1] + values[2] + values[5] + values[6]) / CLK_TCK, values[7] / CLK_TCK
 
 
 def cpu_snapshot(pids: dict[str, int]) -> dict[str, float | None]:
     snap: dict[str, float | None] = {name: proc_cpu_s(pid) for name, pid in pids.items()}
-    snap["_machine_busy"], snap["_machine_total"] = machine_busy_s()
+    snap["_machine_busy"], snap["_machine_steal"] = machine_busy_s()
     return snap
 
 
@@ -329,7 +330,7 @@ async def run_phase(
     payload = target.request_bytes(stream=stream, max_tokens=max_tokens)
     conns = [Connection(target.host, target.port) for _ in range(phase.concurrency)]
     try:
-        await asyncio.gather(*(c.open() for c in conns))
+        await asyncio.gather(*(c.open() for c in conns), return_exceptions=True)  # failures retry in drive
         await drive(conns, payload, stream, max(warmup, 2 * phase.concurrency), 3.0, grace_s)
         before = cpu_snapshot(pids)
         samples, wall = await drive(conns, payload, stream, phase.requests, phase.seconds, grace_s)
@@ -346,7 +347,10 @@ async def run_phase(
     assert busy_before is not None
     assert busy_after is not None
     busy = busy_after - busy_before
-    known = sum(v["s"] for v in cpu.values() if v is not None)
+    by_pid = {pids[name]: v["s"] for name, v in cpu.items() if v is not None}  # a target may be "upstream" too
+    known = sum(by_pid.values())
+    steal_before, steal_after = before["_machine_steal"], after["_machine_steal"]
+    steal = (steal_after or 0.0) - (steal_before or 0.0)
     result: dict[str, Any] = {
         "target": target.name,
         "phase": phase.name,
@@ -368,6 +372,7 @@ async def run_phase(
         "server_cpu_ms_per_request": (cpu.get(target.name) or {}).get("ms_per_request"),
         "machine_busy_cores": busy / wall if wall > 0 else None,
         "other_busy_cores": max(0.0, busy - known) / wall if wall > 0 else None,
+        "steal_cores": steal / wall if wall > 0 else None,
     }
     if stream:
         result["ttft_ms"] = {"p50": pct(samples.ttft, 50), "p90": pct(samples.ttft, 90), "p99": pct(samples.ttft, 99)}
@@ -386,8 +391,27 @@ def plan_phases(args: argparse.Namespace) -> list[Phase]:
     return phases
 
 
+async def preflight(target: Target, max_tokens: int) -> None:
+    """One request of each kind; a target that does not answer 200 stops the run with the reason."""
+    for stream in (False, True):
+        conn = Connection(target.host, target.port)
+        try:
+            async with asyncio.timeout(30):
+                status, _, ttft = await conn.request(target.request_bytes(stream=stream, max_tokens=max_tokens), stream)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            raise RuntimeError(f"target {target.name} ({target.base_url}): {type(exc).__name__}: {exc}") from exc
+        finally:
+            conn.close()
+        if status != 200:
+            raise RuntimeError(f"target {target.name} ({target.base_url}) answered {status} (check key= and model=)")
+        if stream and ttft is None:
+            raise RuntimeError(f"target {target.name}: its stream carried no content chunk")
+
+
 async def measure(args: argparse.Namespace, targets: list[Target], pids: dict[str, int]) -> list[dict[str, Any]]:
     """Every phase on every target, the targets one after another inside each phase."""
+    for target in targets:
+        await preflight(target, args.max_tokens)
     results = []
     for phase in plan_phases(args):
         for target in targets:
@@ -579,38 +603,41 @@ async def profile_crossway(
 
 
 def summarize_collapsed(path: Path, top: int = 25) -> dict[str, Any] | None:
-    """Self and inclusive sample shares per function and per module from py-spy's ``raw`` output."""
+    """Sample shares from py-spy's ``raw`` (collapsed stacks) output.
+
+    ``self_pct``: the function on top of the stack; ``package_self_pct``: the same summed per
+    package (``gateway`` per module), which adds up to 100; ``inclusive_pct``: functions anywhere on
+    the stack, leaving out the entry chain present in nearly every sample.
+    """
     if not path.exists():
         return None
     own: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
-    modules: Counter[str] = Counter()
     total = 0
     for line in path.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         if not stack or not n.isdigit():
             continue
-        count = int(n)
-        total += count
-        frames = [
-            _frame(f) for f in stack.split(";") if f and not f.startswith("process ") and not f.startswith("thread ")
-        ]
+        frames = [_frame(f) for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
         if not frames:
             continue
+        count = int(n)
+        total += count
         own[frames[-1][0]] += count
+        packages[_package(frames[-1][1])] += count
         for name in {f[0] for f in frames}:
             inclusive[name] += count
-        for module in {f[1] for f in frames}:
-            modules[module] += count
 
     def share(counter: Counter[str]) -> list[tuple[str, float]]:
         return [(k, round(100 * v / total, 1)) for k, v in counter.most_common(top)] if total else []
 
+    body = Counter({k: v for k, v in inclusive.items() if v < 0.95 * total})
     return {
         "samples": total,
         "self_pct": share(own),
-        "inclusive_pct": share(inclusive),
-        "module_inclusive_pct": share(modules),
+        "package_self_pct": share(packages),
+        "inclusive_pct": share(body),
     }
 
 
@@ -618,20 +645,28 @@ def _frame(frame: str) -> tuple[str, str]:
     """``func (path/to/file.py:12)`` -> (``func (module)``, module)."""
     func, _, where = frame.partition(" (")
     file = where.rsplit(":", 1)[0].rstrip(")")
-    module = file
-    for marker in ("site-packages/", "/lib/python3", str(REPO) + "/"):
+    for marker in ("site-packages/", "/lib/python3.", str(REPO) + "/"):
         if marker in file:
-            module = file.split(marker, 1)[1]
+            file = file.split(marker, 1)[1]
+            if marker == "/lib/python3.":
+                file = file.partition("/")[2]  # 11/asyncio/tasks.py -> asyncio/tasks.py
             break
-    module = module.removesuffix(".py").replace("/", ".")
-    if module.startswith(".") and "." in module[1:]:  # stdlib: /lib/python3.11/asyncio/x.py
-        module = module.split(".", 2)[-1]
+    module = file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     return f"{func} ({module})", module
 
 
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "gateway" else parts[0]
+
+
 def print_profile(summary: dict[str, Any]) -> None:
-    print(f"\nGateway profile (py-spy, {summary['samples']} samples)")
-    for title, key in (("self", "self_pct"), ("inclusive, per module", "module_inclusive_pct")):
+    print(f"\nGateway profile (py-spy, {summary['samples']} samples holding the GIL)")
+    for title, key in (
+        ("self, per function", "self_pct"),
+        ("self, per package", "package_self_pct"),
+        ("inclusive", "inclusive_pct"),
+    ):
         print(f"  top {title}:")
         for name, share in summary[key][:15]:
             print(f"    {share:5.1f}%  {name}")
@@ -701,10 +736,11 @@ def print_report(report: dict[str, Any]) -> None:
         if not rows:
             continue
         stream = workload == "stream"
-        print(f"\n{title} (ms; CPU = ms of CPU time per request)")
+        print(f"\n{title}: latency in ms; CPU in ms of CPU time per request; busy = cores busy machine-wide,")
+        print("other = of those, cores used by processes this run did not start")
         head = f"{'phase':<10} {'target':<10} {'n':>6} {'fail':>5} {'p50':>7} {'p99':>7}"
         head += f" {'ttft50':>7} {'ttft99':>7}" if stream else ""
-        head += f" {'req/s':>7} {'srv CPU':>8} {'upstr CPU':>9} {'load CPU':>8} {'busy':>5}"
+        head += f" {'req/s':>7} {'srv CPU':>8} {'upstr CPU':>9} {'load CPU':>8} {'busy':>5} {'other':>5}"
         print(head)
         for phase in dict.fromkeys(r["phase"] for r in rows):
             for name in names:
@@ -718,7 +754,7 @@ def print_report(report: dict[str, Any]) -> None:
                 up = (r["cpu"].get("upstream") or {}).get("ms_per_request")
                 lg = (r["cpu"].get("loadgen") or {}).get("ms_per_request")
                 line += f" {r['rps']:>7.0f} {_ms(r['server_cpu_ms_per_request']):>8} {_ms(up):>9} {_ms(lg):>8}"
-                line += f" {r['machine_busy_cores']:>5.2f}"
+                line += f" {r['machine_busy_cores']:>5.2f} {r['other_busy_cores']:>5.2f}"
                 print(line)
             for o in (o for o in report["overhead"] if o["phase"] == phase):
                 line = f"{'':<10} {'+' + o['target']:<10} {'':>6} {'':>5} {_signed(o['p50_ms']):>7} {_signed(o['p99_ms']):>7}"
@@ -732,6 +768,47 @@ def print_report(report: dict[str, Any]) -> None:
         verdict = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]
         value = "-" if g["measured"] is None else f"{g['measured']:.2f}"
         print(f"  {name:<40} {value:>9}  {verdict}")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The figures as Markdown tables, for ``docs/benchmarks.md``."""
+    results, over = report["results"], report["overhead"]
+    out = []
+    for workload in ("json", "stream"):
+        rows = [r for r in results if r["workload"] == workload]
+        if not rows:
+            continue
+        stream = workload == "stream"
+        cols = ["phase", "target", "n", "p50 ms", "p99 ms"]
+        cols += ["TTFT p50", "TTFT p99"] if stream else []
+        cols += ["req/s", "server CPU ms/req", "upstream CPU ms/req", "loadgen CPU ms/req", "other cores busy"]
+        out += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in rows:
+            cells = [
+                r["phase"],
+                r["target"],
+                str(r["requests"]),
+                _ms(r["latency_ms"]["p50"]),
+                _ms(r["latency_ms"]["p99"]),
+            ]
+            if stream:
+                cells += [_ms(r["ttft_ms"]["p50"]), _ms(r["ttft_ms"]["p99"])]
+            cells += [
+                f"{r['rps']:.0f}",
+                _ms(r["server_cpu_ms_per_request"]),
+                _ms((r["cpu"].get("upstream") or {}).get("ms_per_request")),
+                _ms((r["cpu"].get("loadgen") or {}).get("ms_per_request")),
+                _ms(r["other_busy_cores"]),
+            ]
+            out.append("| " + " | ".join(cells) + " |")
+    cols = ["phase", "gateway", "p50 +ms", "p99 +ms", "TTFT p50 +ms", "TTFT p99 +ms", "req/s vs direct", "CPU ms/req"]
+    out += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for o in over:
+        ratio = "-" if o["rps_ratio"] is None else f"x{o['rps_ratio']:.3f}"
+        cells = [o["phase"], o["target"], _signed(o["p50_ms"]), _signed(o["p99_ms"])]
+        cells += [_signed(o.get("ttft_p50_ms")), _signed(o.get("ttft_p99_ms")), ratio, _ms(o["cpu_ms_per_request"])]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out).lstrip("\n") + "\n"
 
 
 def _signed(value: float | None) -> str:
@@ -789,6 +866,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON.relative_to(REPO)})"
     )
+    p.add_argument("--markdown", type=Path, metavar="PATH", help="also write the tables as Markdown")
+    p.add_argument("--render", type=Path, metavar="JSON", help="print a results file as Markdown and exit")
     p.add_argument("--keep-workdir", action="store_true", help="keep the temp dir (logs, database, policy)")
     return p
 
@@ -882,6 +961,9 @@ def _loop_factory() -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.render:
+        print(markdown(json.loads(args.render.read_text())), end="")
+        return 0
     resolve_defaults(args)
     workdir = Path(tempfile.mkdtemp(prefix="crossway-bench-"))
     procs = Processes(workdir)
@@ -908,6 +990,8 @@ def main(argv: list[str] | None = None) -> int:
     print_report(report)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(markdown(report))
     print(f"\nwrote {args.json}")
     return 0
 
