@@ -58,16 +58,31 @@ class SSEvent(NamedTuple):
 
 
 async def iter_sse(response: httpx.Response) -> AsyncIterator[SSEvent]:
-    """Parse a ``text/event-stream`` body into events (WHATWG rules: blank line ends an event)."""
+    """Parse a ``text/event-stream`` body into events (WHATWG rules: blank line ends an event).
+
+    NOTE: works on raw bytes, splitting whole events at blank lines, rather than line by line through
+    ``aiter_lines``: a chunk from an LLM API usually holds exactly one event, so this is one split and
+    a few partitions per event instead of a text decoder and a line buffer per line.
+    """
+    buffer = b""
+    async for chunk in response.aiter_bytes():
+        buffer += chunk
+        if b"\r" in buffer:  # normalise line ends; a trailing \r may be half of \r\n, so it waits
+            tail = b"\r" if buffer.endswith(b"\r") else b""
+            buffer = buffer[: len(buffer) - len(tail)].replace(b"\r\n", b"\n").replace(b"\r", b"\n") + tail
+        *blocks, buffer = buffer.split(b"\n\n")
+        for block in blocks:
+            if (sse := _event(block)) is not None:
+                yield sse
+    if buffer.strip() and (sse := _event(buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n"))) is not None:
+        yield sse
+
+
+def _event(block: bytes) -> SSEvent | None:
     event: str | None = None
     data: list[str] = []
-    async for line in response.aiter_lines():
-        if not line:
-            if data:
-                yield SSEvent(event, "\n".join(data))
-            event, data = None, []
-            continue
-        if line.startswith(":"):
+    for line in block.decode("utf-8", "replace").split("\n"):
+        if not line or line.startswith(":"):
             continue
         name, _, value = line.partition(":")
         value = value.removeprefix(" ")
@@ -75,8 +90,7 @@ async def iter_sse(response: httpx.Response) -> AsyncIterator[SSEvent]:
             data.append(value)
         elif name == "event":
             event = value
-    if data:
-        yield SSEvent(event, "\n".join(data))
+    return SSEvent(event, "\n".join(data)) if data else None
 
 
 @contextlib.contextmanager
