@@ -206,6 +206,11 @@ def _convert(raw: object, kind: type[_S], path: str, source: str) -> _S:
 def _provider_config(name: str, spec: ProviderSpec, env: Mapping[str, str]) -> ProviderConfig:
     base_url = (env.get(spec.base_url_env) if spec.base_url_env else None) or spec.base_url
     api_key = (env.get(spec.api_key_env) or None) if spec.api_key_env else None
+    # A key-less server (a local vLLM, our own engine) is enabled only once its address is known:
+    # falling back to the vendor's public URL without a key could never work.
+    key_required = spec.api_key_required and spec.kind != "selfhost"
+    if not key_required and base_url is None and spec.kind != "selfhost":
+        key_required = True
     return ProviderConfig(
         name=name,
         kind=spec.kind,
@@ -214,6 +219,6 @@ def _provider_config(name: str, spec: ProviderSpec, env: Mapping[str, str]) -> P
         timeout_s=spec.timeout_s,
         connect_timeout_s=spec.connect_timeout_s,
         headers=dict(spec.headers),
-        key_required=spec.api_key_required and spec.kind != "selfhost",
+        key_required=key_required,
         engine=dict(spec.engine),
     )

@@ -82,3 +82,16 @@ def test_default_policy_loads_and_enables_providers_by_sdk_variables():
     policy = load_policy(DEFAULT_POLICY, {"ANTHROPIC_API_KEY": "k"})
     assert policy.available_models() == ["claude-haiku-4-5", "claude-sonnet-4-5", "smollm2"]
     assert load_policy(DEFAULT_POLICY, {}).available_models() == ["smollm2"]  # the engine needs no key
+
+
+def test_keyless_provider_is_enabled_only_once_its_address_is_known():
+    text = "providers: {e: {kind: openai, base_url_env: ENGINE_URL, api_key_required: false}}"
+    assert not parse_policy(text, {}).providers["e"].enabled
+    on = parse_policy(text, {"ENGINE_URL": "http://127.0.0.1:8001/v1"}).providers["e"]
+    assert on.enabled and on.base_url == "http://127.0.0.1:8001/v1"
+
+
+def test_default_policy_prefers_the_engine_server_then_the_in_process_engine():
+    assert load_policy(DEFAULT_POLICY, {}).resolve("smollm2").targets == (Target("local", "smollm2"),)
+    both = load_policy(DEFAULT_POLICY, {"CROSSWAY_ENGINE_URL": "http://engine:8000/v1"}).resolve("smollm2")
+    assert both.targets == (Target("engine", "smollm2"), Target("local", "smollm2"))
