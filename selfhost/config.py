@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 DType = Literal["float32", "bfloat16", "float16"]
+Quantization = Literal["none", "int8", "int4"]
+QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "int4")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,11 @@ class EngineConfig:
     """Weights, activations and KV cache dtype."""
     device: str = "cpu"
     """Torch device."""
+    quantization: Quantization = "none"
+    """Weight-only quantization of the linear layers and LM head (CPU kernels): ``int8`` per output
+    channel, ``int4`` per group of ``quant_group_size`` columns; ``none`` keeps float weights."""
+    quant_group_size: int = 32
+    """Input columns sharing one int4 scale and zero (32, 64, 128 or 256)."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks across requests by chained block hash."""
     salt_by_tenant: bool = True
@@ -119,5 +126,11 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens <= 0:
             raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.quant_group_size not in (32, 64, 128, 256):
+            raise ValueError(f"quant_group_size must be 32, 64, 128 or 256, got {self.quant_group_size}")
+        if self.quantization != "none" and self.device != "cpu":
+            raise ValueError(f"quantization {self.quantization!r} runs only on the CPU, not on {self.device!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")

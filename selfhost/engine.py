@@ -45,6 +45,11 @@ class LLMEngine:
         model_name: str = "model",
     ) -> None:
         cfg = config or EngineConfig()
+        if model.quantization != cfg.quantization:
+            raise ValueError(
+                f"the model is quantized as {model.quantization!r} but the config asks for {cfg.quantization!r}; "
+                "call model.quantize(...) first (from_model does it)"
+            )
         self.config = cfg
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -58,8 +63,7 @@ class LLMEngine:
         self.scheduler = Scheduler(cfg, self.kv, self.max_model_len, eos)
         self.runner = ModelRunner(model, model_config, num_blocks, cfg.block_size, dtype, cfg.device)
         self.outputs = OutputProcessor(tokenizer)
-        param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        self.metrics = EngineMetrics(model_config, cfg, param_bytes, block_bytes // cfg.block_size)
+        self.metrics = EngineMetrics(model_config, cfg, model.weight_bytes(), block_bytes // cfg.block_size)
 
     @classmethod
     def from_model(cls, model: str | Path, config: EngineConfig | None = None) -> LLMEngine:
@@ -76,7 +80,9 @@ class LLMEngine:
         net = loader.load_model(path, model_cfg, loader.torch_dtype(cfg.dtype), max_positions)
         tokenizer = load_tokenizer(path, model_cfg.eos_token_ids, model_cfg.bos_token_id)
         name = str(model) if not Path(str(model)).exists() else path.stem
-        return cls(net.to(cfg.device), model_cfg, tokenizer, cfg, model_name=name)
+        net = net.to(cfg.device)
+        net.quantize(cfg.quantization, cfg.quant_group_size)
+        return cls(net, model_cfg, tokenizer, cfg, model_name=name)
 
     # requests in
 

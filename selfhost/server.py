@@ -283,6 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default="")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--quantization",
+        default="none",
+        choices=["none", "int8", "int4"],
+        help="weight-only quantization of the linear layers (CPU): int8 per channel or int4 per group of 32",
+    )
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=None)
@@ -300,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         served_model_name=args.served_model_name or ("smollm2" if args.model == "smollm2" else ""),
         dtype=args.dtype,
         device=args.device,
+        quantization=args.quantization,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,

@@ -25,6 +25,7 @@ from gateway.obs import logging as obs_logging
 from gateway.obs.metrics import Metrics
 from gateway.pipeline import Pipeline, Runtime
 from gateway.policy import load_policy
+from gateway.providers.transport import PooledTransport
 from gateway.settings import Settings
 from gateway.store.db import Database
 from gateway.store.keys import KeyStore, bootstrap
@@ -46,7 +47,10 @@ def create_app(settings: Settings) -> Litestar:
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         db = Database.connect(settings.database_url)
         redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
-        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200))
+        # NOTE: our own pool under httpx (see gateway.providers.transport): httpcore's bookkeeping was
+        # half the gateway's CPU. httpx ignores ``limits=`` once a transport is given, so they go there.
+        transport = PooledTransport(httpx.Limits(max_connections=1000, max_keepalive_connections=200))
+        client = httpx.AsyncClient(transport=transport)
         keys = KeyStore(db)
         metrics = Metrics()
         pipeline = Pipeline(settings, Authenticator(keys, settings.key_cache_ttl_s), Runtime(policy, client), metrics)

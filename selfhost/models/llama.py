@@ -15,19 +15,12 @@ import torch.nn.functional as F  # noqa: N812 (the torch convention)
 from torch import nn
 
 from selfhost.models import ops
+from selfhost.models.linear import Linear, param
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from selfhost.config import ModelConfig
-
-
-def _param(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
-
-
-def _bias(enabled: bool, size: int) -> nn.Parameter | None:
-    return _param(size) if enabled else None
+    from selfhost.config import ModelConfig, Quantization
 
 
 class Attention(nn.Module):
@@ -37,10 +30,8 @@ class Attention(nn.Module):
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.nh * self.hd, self.nkv * self.hd
-        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size)
-        self.qkv_bias = _bias(cfg.qkv_bias, self.q_size + 2 * self.kv_size)
-        self.o_weight = _param(cfg.hidden_size, self.q_size)
-        self.o_bias = _bias(cfg.o_bias, cfg.hidden_size)
+        self.qkv = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.qkv_bias)
+        self.o = Linear(self.q_size, cfg.hidden_size, cfg.o_bias)
         self.scale = self.hd**-0.5
 
     def forward(
@@ -54,15 +45,15 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Attend ``(N, C)`` inputs over their sequences' cached context (after writing this step's K/V)."""
         N = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # (N, (nh + 2 nkv) hd)
-        q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(N, self.nh, self.hd)  # (N, nh, hd)
-        k = k.view(N, self.nkv, self.hd)  # (N, nkv, hd)
-        v = v.view(N, self.nkv, self.hd)
-        q, k = ops.apply_rope(q, k, cos, sin)
+        qkv = self.qkv(x)  # (N, (nh + 2 nkv) hd)
+        qk = qkv[:, : self.q_size + self.kv_size].view(N, self.nh + self.nkv, self.hd)  # (N, nh + nkv, hd)
+        v = qkv[:, self.q_size + self.kv_size :].view(N, self.nkv, self.hd)  # (N, nkv, hd)
+        qk = ops.apply_rope(qk, cos, sin)  # queries and keys rotated together
+        q, k = qk[:, : self.nh], qk[:, self.nh :]  # (N, nh, hd), (N, nkv, hd)
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         o = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)  # (N, nh, hd)
-        return F.linear(o.reshape(N, self.q_size), self.o_weight, self.o_bias)  # (N, C)
+        out: torch.Tensor = self.o(o.reshape(N, self.q_size))  # (N, C)
+        return out
 
 
 class MLP(nn.Module):
@@ -71,15 +62,14 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.inter = cfg.intermediate_size
-        self.gate_up_weight = _param(2 * self.inter, cfg.hidden_size)
-        self.gate_up_bias = _bias(cfg.mlp_bias, 2 * self.inter)
-        self.down_weight = _param(cfg.hidden_size, self.inter)
-        self.down_bias = _bias(cfg.mlp_bias, cfg.hidden_size)
+        self.gate_up = Linear(cfg.hidden_size, 2 * self.inter, cfg.mlp_bias)
+        self.down = Linear(self.inter, cfg.hidden_size, cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``down(silu(gate(x)) * up(x))`` for ``(N, C)`` inputs."""
-        gate, up = torch.split(F.linear(x, self.gate_up_weight, self.gate_up_bias), self.inter, dim=-1)  # 2 x (N, I)
-        return F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)  # (N, C)
+        gate, up = torch.split(self.gate_up(x), self.inter, dim=-1)  # 2 x (N, I)
+        out: torch.Tensor = self.down(F.silu(gate) * up)  # (N, C)
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -88,9 +78,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.eps = cfg.rms_norm_eps
-        self.attn_norm = _param(cfg.hidden_size)
+        self.attn_norm = param(cfg.hidden_size)
         self.attn = Attention(cfg)
-        self.mlp_norm = _param(cfg.hidden_size)
+        self.mlp_norm = param(cfg.hidden_size)
         self.mlp = MLP(cfg)
 
     def forward(
@@ -112,16 +102,18 @@ class LlamaForCausalLM(nn.Module):
     """The decoder stack plus LM head; ``forward`` returns hidden states, ``compute_logits`` the logits."""
 
     rope_cos: torch.Tensor
-    rope_sin: torch.Tensor
+    rope_sin_signed: torch.Tensor
 
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
         self.max_positions = max_positions
-        self.embed = _param(cfg.vocab_size, cfg.hidden_size)
+        self.quantization: Quantization = "none"
+        self.embed = param(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = _param(cfg.hidden_size)
-        self.lm_head = self.embed if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
+        self.norm = param(cfg.hidden_size)
+        tied = self.embed if cfg.tie_word_embeddings else None
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, weight=tied)
         inv_freq = None
         if cfg.rope_scaling is not None:
             rs = cfg.rope_scaling
@@ -135,7 +127,7 @@ class LlamaForCausalLM(nn.Module):
             )
         cos, sin = ops.rope_cos_sin(cfg.head_dim, max_positions, cfg.rope_theta, inv_freq)
         self.register_buffer("rope_cos", cos, persistent=False)  # (P, hd) fp32
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_sin_signed", ops.rope_sin_signed(sin), persistent=False)
 
     def forward(
         self,
@@ -146,7 +138,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Run ``(N,)`` token ids at ``(N,)`` positions; return final-normed hidden states ``(N, C)``."""
         x = F.embedding(input_ids, self.embed)  # (N, C)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (N, hd)
+        dtype = x.dtype
+        cos = self.rope_cos.index_select(0, positions).unsqueeze(1).to(dtype)  # (N, 1, hd)
+        sin = self.rope_sin_signed.index_select(0, positions).unsqueeze(1).to(dtype)  # (N, 1, hd), sign folded in
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, k_cache, v_cache, meta)  # (N, C)
         assert isinstance(x, torch.Tensor)  # noqa: S101 (narrows nn.Module.__call__'s Any)
@@ -154,7 +148,32 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project ``(M, C)`` hidden states to ``(M, vocab)`` fp32 logits."""
-        return F.linear(hidden, self.lm_head).float()
+        logits: torch.Tensor = self.lm_head(hidden)
+        return logits.float()
+
+    def linears(self) -> list[Linear]:
+        """Every linear layer, the LM head last."""
+        return [m for m in self.modules() if isinstance(m, Linear) and m is not self.lm_head] + [self.lm_head]
+
+    def quantize(self, mode: Quantization, group_size: int = 32) -> None:
+        """Quantize every linear layer and the LM head in place (weight-only; the embedding stays float).
+
+        Raises:
+            ValueError: the model is already quantized.
+        """
+        if mode == "none":
+            return
+        if self.quantization != "none":
+            raise ValueError(f"the model is already quantized as {self.quantization}")
+        for linear in self.linears():
+            linear.quantize(mode, group_size)
+        self.quantization = mode
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights one forward pass reads (the embedding counted once: only its rows are read)."""
+        norms = sum(p.numel() * p.element_size() for name, p in self.named_parameters() if name.endswith("norm"))
+        linears: int = sum(m.weight_bytes for m in self.linears())
+        return norms + linears
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors into our (partly fused) parameters.
@@ -197,7 +216,7 @@ class LlamaForCausalLM(nn.Module):
         if name == "norm.weight":
             return "norm", -1
         if name == "lm_head.weight":
-            return (None, -1) if self.cfg.tie_word_embeddings else ("lm_head", -1)
+            return (None, -1) if self.cfg.tie_word_embeddings else ("lm_head.weight", -1)
         if name.startswith("layers.") and name.endswith("rotary_emb.inv_freq"):
             return None, -1
         parts = name.split(".")  # layers.{i}.{module...}.{weight|bias}
@@ -208,19 +227,19 @@ class LlamaForCausalLM(nn.Module):
             return f"{prefix}.mlp_norm", -1
         if rest in fused:
             suffix, start, _ = fused[rest]
-            return f"{prefix}.{suffix}_{kind}", start
+            return f"{prefix}.{suffix}.{kind}", start
         raise ValueError(f"unexpected weight {name!r}")
 
     def _expected_keys(self, fused: dict[str, tuple[str, int, int]]) -> set[str]:
         cfg = self.cfg
-        keys = {"embed@-1", "norm@-1"} | (set() if cfg.tie_word_embeddings else {"lm_head@-1"})
+        keys = {"embed@-1", "norm@-1"} | (set() if cfg.tie_word_embeddings else {"lm_head.weight@-1"})
         for i in range(cfg.num_layers):
             keys |= {f"layers.{i}.attn_norm@-1", f"layers.{i}.mlp_norm@-1"}
             for hf, (suffix, start, _) in fused.items():
-                keys.add(f"layers.{i}.{suffix}_weight@{start}")
+                keys.add(f"layers.{i}.{suffix}.weight@{start}")
                 bias = (hf in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj") and cfg.qkv_bias) or (
                     (hf == "self_attn.o_proj" and cfg.o_bias) or (hf.startswith("mlp.") and cfg.mlp_bias)
                 )
                 if bias:
-                    keys.add(f"layers.{i}.{suffix}_bias@{start}")
+                    keys.add(f"layers.{i}.{suffix}.bias@{start}")
         return keys

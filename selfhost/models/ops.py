@@ -38,53 +38,68 @@ class AttentionMetadata:
     """(N,) int64: flat cache slot (``block_id * block_size + offset``) of each new token."""
     decode_rows: torch.Tensor
     """(D,) int64: rows of the sequences that run exactly one new token."""
-    decode_slots: torch.Tensor
-    """(D, Lmax) int64: cache slots of each decode sequence's context, padded with slot 0."""
-    decode_pad: torch.Tensor
-    """(D, 1, 1, Lmax) bool: True on padding, masked out of the softmax."""
+    decode_blocks: torch.Tensor
+    """(D * Bmax,) int64: each decode sequence's block table, padded with block 0 to the longest."""
+    decode_mask: torch.Tensor
+    """(D, 1, 1, Bmax * block_size) fp32: 0 on real context, -inf on padding (added to the scores)."""
     prefills: list[PrefillSeq]
     """The other sequences."""
+    all_decode: bool
+    """Every row is a decode row in order (``decode_rows == arange(N)``): no gather or scatter of rows needed."""
 
 
 def build_attention_metadata(
     query_start: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int, device: torch.device
 ) -> AttentionMetadata:
     """Turn per-sequence offsets, context lengths and block tables into the step's index tensors."""
+    # NOTE(crossway): work here is O(new tokens + blocks) per sequence, never O(context) in Python,
+    # so long contexts do not slow decode steps down.
     new_slots: list[int] = []
     decode_rows: list[int] = []
-    decode_ctx: list[list[int]] = []
+    decode_tables: list[list[int]] = []
+    decode_lens: list[int] = []
     prefills: list[PrefillSeq] = []
     for i, ctx_len in enumerate(seq_lens):
         table = block_tables[i]
         start, end = query_start[i], query_start[i + 1]
         q_len = end - start
-        slots = [table[p // block_size] * block_size + p % block_size for p in range(ctx_len)]
-        new_slots.extend(slots[ctx_len - q_len :])
+        new_slots.extend(table[p // block_size] * block_size + p % block_size for p in range(ctx_len - q_len, ctx_len))
         if q_len == 1:
             decode_rows.append(start)
-            decode_ctx.append(slots)
+            decode_tables.append(table[: -(-ctx_len // block_size)])
+            decode_lens.append(ctx_len)
             continue
+        blocks = torch.tensor(table[: -(-ctx_len // block_size)], dtype=torch.long, device=device)
+        offsets = torch.arange(block_size, device=device)
+        slots = (blocks.unsqueeze(1) * block_size + offsets).flatten()[:ctx_len]  # (L,)
         mask = None
         if q_len < ctx_len:  # query r sits at position ctx_len - q_len + r and sees keys 0..that position
             rows = torch.arange(q_len, device=device).unsqueeze(1) + (ctx_len - q_len)  # (q_len, 1)
             mask = torch.arange(ctx_len, device=device).unsqueeze(0) <= rows  # (q_len, L)
-        prefills.append(PrefillSeq(slice(start, end), torch.tensor(slots, device=device), mask))
-    lmax = max((len(c) for c in decode_ctx), default=0)
-    padded = [c + [0] * (lmax - len(c)) for c in decode_ctx]
-    lens = torch.tensor([len(c) for c in decode_ctx], device=device)
-    pad = torch.arange(lmax, device=device).unsqueeze(0) >= lens.unsqueeze(1)  # (D, Lmax)
+        prefills.append(PrefillSeq(slice(start, end), slots, mask))
+    bmax = max((len(t) for t in decode_tables), default=0)
+    padded = [b for t in decode_tables for b in t + [0] * (bmax - len(t))]
+    lens = torch.tensor(decode_lens, dtype=torch.long, device=device)
+    pad = torch.arange(bmax * block_size, device=device).unsqueeze(0) >= lens.unsqueeze(1)  # (D, Bmax * bs)
+    # NOTE(crossway): an additive float mask, built once per step: SDPA would turn a bool mask
+    # into this in every layer.
+    mask = torch.zeros(pad.shape, device=device).masked_fill_(pad, float("-inf"))
     return AttentionMetadata(
         slot_mapping=torch.tensor(new_slots, dtype=torch.long, device=device),
         decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=device),
-        decode_slots=torch.tensor(padded, dtype=torch.long, device=device).reshape(len(padded), lmax),
-        decode_pad=pad[:, None, None, :],  # (D, 1, 1, Lmax)
+        decode_blocks=torch.tensor(padded, dtype=torch.long, device=device),
+        decode_mask=mask[:, None, None, :],  # (D, 1, 1, Bmax * bs)
         prefills=prefills,
+        all_decode=not prefills,
     )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Root-mean-square norm over the last dim, computed in fp32 as Hugging Face Llama does."""
     dtype = x.dtype
+    if dtype == torch.float32 and weight.dtype == torch.float32:
+        # NOTE(crossway): one fused op instead of seven; same math in fp32 (bit-equal in our checks).
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(dtype)
@@ -120,18 +135,20 @@ def llama3_inv_freq(
     return torch.where(medium, smoothed, scaled)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rope_sin_signed(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated, so that ``rotate_half(x) * sin == roll(x, hd/2) * sin_signed``."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def apply_rope(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate queries ``(N, nh, hd)`` and keys ``(N, nkv, hd)`` by per-token tables ``(N, hd)``."""
-    cos = cos.unsqueeze(1).to(q.dtype)  # (N, 1, hd)
-    sin = sin.unsqueeze(1).to(q.dtype)
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotate heads ``(N, H, hd)`` (queries and keys together) by per-token tables ``(N, 1, hd)``.
+
+    NOTE(crossway): ``rotate_half(x) = cat(-x2, x1)``; ``roll`` gives ``cat(x2, x1)`` and the sign
+    lives in ``sin_signed``, so this is bit-equal to Hugging Face's ``x * cos + rotate_half(x) * sin``
+    (negating a factor is exact) in three kernels instead of seven.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
 
 def write_kv(
@@ -158,17 +175,19 @@ def paged_attention(
     Returns:
         ``(N, nh, hd)`` attention outputs.
     """
-    out = torch.empty_like(q)
     nkv, hd = k_cache.shape[2], k_cache.shape[3]
+    if meta.all_decode:  # the common decode step: no rows to pick or scatter
+        return _decode_attention(q, k_cache, v_cache, meta, scale)
+    out = torch.empty_like(q)
     k_flat = k_cache.view(-1, nkv, hd)  # (num_blocks * block_size, nkv, hd)
     v_flat = v_cache.view(-1, nkv, hd)
     if meta.decode_rows.numel():
-        out[meta.decode_rows] = _decode_attention(q[meta.decode_rows], k_flat, v_flat, meta, scale)
+        out[meta.decode_rows] = _decode_attention(q[meta.decode_rows], k_cache, v_cache, meta, scale)
     # NOTE(crossway): multi-token sequences (prefill chunks) get one SDPA call each over their
     # gathered context; a paged-attention kernel replaces this loop on the GPU.
     for seq in meta.prefills:
-        k = k_flat[seq.context_slots].transpose(0, 1)  # (nkv, L, hd)
-        v = v_flat[seq.context_slots].transpose(0, 1)
+        k = k_flat.index_select(0, seq.context_slots).transpose(0, 1)  # (nkv, L, hd)
+        v = v_flat.index_select(0, seq.context_slots).transpose(0, 1)
         qi = q[seq.rows].transpose(0, 1)  # (nh, q_len, hd)
         o = F.scaled_dot_product_attention(
             qi, k, v, attn_mask=seq.mask, is_causal=seq.mask is None, scale=scale, enable_gqa=True
@@ -178,16 +197,18 @@ def paged_attention(
 
 
 def _decode_attention(
-    q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
-    # NOTE(crossway): all one-token sequences attend in one batched matmul over contexts padded to
-    # the longest; padding gets -inf, so it adds exact zeros to each softmax. Query heads are
-    # grouped under their KV head instead of repeating K and V.
+    # NOTE(crossway): all one-token sequences attend in one SDPA call over their block tables
+    # padded to the longest; padding is masked out, so it adds exact zeros to each softmax. Whole
+    # blocks are gathered with ``index_select`` (advanced indexing ``t[idx]`` can stall for ms on
+    # some small shapes with 2 OpenMP threads), and query heads are grouped under their KV head
+    # (``enable_gqa``) instead of repeating K and V.
     D, nh, hd = q.shape
-    nkv = k_flat.shape[1]
-    k = k_flat[meta.decode_slots].permute(0, 2, 3, 1)  # (D, nkv, hd, Lmax)
-    v = v_flat[meta.decode_slots].transpose(1, 2)  # (D, nkv, Lmax, hd)
-    qg = q.view(D, nkv, nh // nkv, hd)  # (D, nkv, g, hd)
-    scores = torch.matmul(qg, k) * scale  # (D, nkv, g, Lmax)
-    probs = scores.masked_fill(meta.decode_pad, float("-inf")).softmax(-1)
-    return torch.matmul(probs, v).reshape(D, nh, hd)  # (D, nkv, g, hd) -> (D, nh, hd)
+    nkv = k_cache.shape[2]
+    k = k_cache.index_select(0, meta.decode_blocks).view(D, -1, nkv, hd).transpose(1, 2)  # (D, nkv, Lmax, hd)
+    v = v_cache.index_select(0, meta.decode_blocks).view(D, -1, nkv, hd).transpose(1, 2)
+    o = F.scaled_dot_product_attention(
+        q.unsqueeze(2), k, v, attn_mask=meta.decode_mask.to(q.dtype), scale=scale, enable_gqa=True
+    )  # (D, nh, 1, hd)
+    return o.reshape(D, nh, hd)

@@ -1,0 +1,67 @@
+"""A linear layer whose weight is either a float parameter or a weight-only quantized tensor.
+
+Owns the switch between ``F.linear`` and ``quant.quantized_linear``. Does not own the quantization
+formats (``quant``) nor which layers a model has (``llama``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F  # noqa: N812 (the torch convention)
+from torch import nn
+
+from selfhost.models import quant
+
+if TYPE_CHECKING:
+    from selfhost.config import Quantization
+
+
+def param(*shape: int) -> nn.Parameter:
+    """An uninitialised frozen parameter (weights are loaded afterwards)."""
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """``y = x W^T + b`` over ``(M, in_features)`` inputs; ``quantize`` swaps W for int8 or int4 in place."""
+
+    weight: nn.Parameter | None
+    bias: nn.Parameter | None
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, weight: nn.Parameter | None = None) -> None:
+        """Args: ``weight`` shares an existing ``(out, in)`` parameter (a tied LM head) instead of a new one."""
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = weight if weight is not None else param(out_features, in_features)
+        self.bias = param(out_features) if bias else None
+        # NOTE(crossway): a plain attribute, not buffers: ``.to(device)`` does not move it, so
+        # quantize after the model sits on its device (the kernels are CPU-only anyway).
+        self.qweight: quant.QuantizedWeight | None = None
+
+    def quantize(self, mode: Quantization, group_size: int = 32) -> None:
+        """Replace the float weight by its quantized form (a no-op for ``none`` or shapes the kernels cannot take)."""
+        if mode == "none" or self.weight is None:
+            return
+        qw = quant.quantize(self.weight.data, mode, group_size)
+        if qw is None:
+            return
+        self.qweight = qw
+        self.weight = None  # a tied embedding keeps its own reference
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes one pass over the layer reads for its weight and bias."""
+        w = self.qweight.nbytes if self.qweight is not None else 0
+        for p in (self.weight, self.bias):
+            if p is not None:
+                w += p.numel() * p.element_size()
+        return w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(M, in)`` -> ``(M, out)``."""
+        if self.qweight is None:
+            assert self.weight is not None  # noqa: S101 (narrowing)
+            return F.linear(x, self.weight, self.bias)
+        y = quant.quantized_linear(x, self.qweight)
+        return y if self.bias is None else y + self.bias
