@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import DateTime, ForeignKey, MetaData, String, func
+from sqlalchemy import DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -102,3 +102,26 @@ class ApiKey(Base):
     """Refreshed at most once a minute per replica, when the key is verified against the database."""
 
     tenant: Mapped[Tenant] = relationship(back_populates="keys")
+
+
+class PolicyVersion(Base):
+    """One saved version of a named routing policy.
+
+    Versions are never edited or deleted: an update or a rollback appends a new version, so the history
+    is the audit trail.
+    """
+
+    __tablename__ = "policy_versions"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    """1, 2, 3... per name."""
+    body: Mapped[str] = mapped_column(Text)
+    """The policy YAML exactly as submitted."""
+    author: Mapped[str] = mapped_column(String(128))
+    comment: Mapped[str | None] = mapped_column(Text)
+    diff: Mapped[str] = mapped_column(Text, default="")
+    """Unified diff against the previous version (empty for the first)."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, server_default=func.now())
