@@ -526,6 +526,11 @@ def start_crossway(procs: Processes, upstream_port: int, log_level: str) -> tupl
         "BENCH_UPSTREAM_KEY": UPSTREAM_KEY,
         "CROSSWAY_LOG_LEVEL": log_level,
     }
+    return serve_crossway(procs, policy, env)
+
+
+def serve_crossway(procs: Processes, policy: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int, str]:
+    """Create an API key, then run ``crossway serve`` on ``policy`` until healthy: (process, port, key)."""
     cli = [sys.executable, "-m", "gateway.cli"]
     made = subprocess.run(
         [*cli, "keys", "create", "--tenant", "bench"], cwd=REPO, env=env, capture_output=True, timeout=120, check=False

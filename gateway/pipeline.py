@@ -2,16 +2,18 @@
 
 Reading ``Pipeline.chat`` top to bottom is reading what happens to a request:
 
-    auth -> decode -> policy.route -> [limits, moderation.in, cache: their issues] -> dispatch
-         -> [moderation.out, cache.put] -> ledger (metrics and the request log for now)
+    auth -> decode -> policy.resolve -> router.decide -> [limits, moderation.in: their issues] -> cache
+         (a hit replays) -> dispatch -> [moderation.out: its issue] -> cache.put -> ledger
 
 Every stage lives in its own module; this one only orders them and owns the per-request facts
 (``Call``) and what a request produced (``Completion``, ``Streamed``). It knows nothing of HTTP or
-wire formats: the API layer decodes and encodes around it.
+wire formats: the API layer decodes and encodes around it. A request reads the live policy once
+(``Runtime.live``), so an edit that lands mid-request never mixes two policies.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,19 +21,24 @@ from typing import TYPE_CHECKING
 import structlog
 
 from gateway import dispatch, tokens
+from gateway.cache.entry import replay
+from gateway.cache.responses import ResponseCache
+from gateway.cache.store import MemoryStore
 from gateway.errors import GatewayError
-from gateway.providers import SelfHostProvider, build_providers
+from gateway.policy import Target
+from gateway.router import Workload
 from gateway.types import ChatRequest, TextDelta, ToolCallDelta, Usage, UsageEvent
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping
-
-    import httpx
+    from collections.abc import AsyncIterator, Callable
 
     from gateway.auth import Authenticator
+    from gateway.cache.responses import CacheStatus, Directive, Slot
+    from gateway.ledger import Admission, Ledger
     from gateway.obs.metrics import Metrics
     from gateway.policy import Plan, Policy
-    from gateway.providers.base import Provider
+    from gateway.router import Decision
+    from gateway.runtime import Live, Runtime
     from gateway.settings import Settings
     from gateway.store.keys import Principal
     from gateway.types import ChatResponse, EmbeddingRequest, EmbeddingResponse, StreamEvent
@@ -49,6 +56,10 @@ class Call:
     """``chat.completions``, ``messages``, ``embeddings`` or ``models``."""
     started: float
     """``time.perf_counter()`` when the request arrived."""
+    slo: str | None = None
+    """The SLO class asked for in the ``x-crossway-slo`` header."""
+    cache: Directive | None = None
+    """The ``x-crossway-cache`` header: ``use`` (opt in), ``bypass`` or ``refresh``."""
 
 
 @dataclass(slots=True)
@@ -57,6 +68,8 @@ class Completion:
 
     response: ChatResponse
     served_by: dispatch.Dispatched
+    slo: str
+    cache: CacheStatus | None = None
 
 
 @dataclass(slots=True)
@@ -65,69 +78,102 @@ class Streamed:
 
     request: ChatRequest
     served_by: dispatch.Dispatched
+    slo: str
     events: AsyncIterator[StreamEvent]
-
-
-class Runtime:
-    """The live policy and the provider adapters built from it, sharing one pooled HTTP client."""
-
-    def __init__(self, policy: Policy, client: httpx.AsyncClient) -> None:
-        self.client = client
-        self.policy = policy
-        self.providers: Mapping[str, Provider] = build_providers(policy.providers, client)
-
-    async def aclose(self) -> None:
-        """Release what providers hold beyond the shared client (the in-process engine's thread)."""
-        for provider in self.providers.values():
-            if isinstance(provider, SelfHostProvider):
-                await provider.aclose()
+    cache: CacheStatus | None = None
 
 
 class Pipeline:
     """The stages, wired once at startup; each method is the request path of one endpoint."""
 
-    def __init__(self, settings: Settings, auth: Authenticator, runtime: Runtime, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        auth: Authenticator,
+        runtime: Runtime,
+        metrics: Metrics,
+        cache: ResponseCache | None = None,
+        ledger: Ledger | None = None,
+    ) -> None:
         self.settings = settings
+        self.ledger = ledger
+        """Usage records, budgets and rate limits; ``None`` turns all three off."""
         self.auth = auth
         self.runtime = runtime
         self.metrics = metrics
+        self.cache = cache or ResponseCache(MemoryStore(settings.cache_memory_bytes))
 
     async def chat(self, call: Call, decode: Callable[[], ChatRequest]) -> Completion | Streamed:
         """A chat completion; ``decode`` turns the body into the canonical request."""
         principal = await self.auth.authenticate(call.api_key)  # 401 before the body is looked at
         request = decode()  # 400
-        plan = self.runtime.policy.resolve(request.model)  # 404
         _bind(principal, request)
-        # limits / budget, moderation.in and the response cache join here (their own issues)
+        live = self.runtime.live
+        plan = live.policy.resolve(request.model, principal.tenant, _slo_asked(call, request, live.policy))  # 404/403
+        decision = self.runtime.decide(plan, workload(request), live)
+        admission = await self._admit(call, principal, plan, request)  # 429 / 402
+        # moderation.in joins here (its own issue)
+        slot = await self.cache.open(request, live.policy.cache, _first_choice(decision, request), call.cache)
+        if slot.hit is not None:
+            if admission is not None and self.ledger is not None:  # a replay costs nothing upstream
+                self.ledger.finish(admission, target=None, status=200, usage=None)
+            return self._replay(call, request, plan, slot)
         if request.stream:
-            return await self._open_stream(call, request, plan)
+            return await self._open_stream(call, request, plan, decision, live, slot, admission)
         try:
-            response, served_by = await dispatch.chat(plan, request, self.runtime.providers, self.metrics)
+            response, served_by = await self.runtime.dispatcher.chat(decision, request, live.providers)
         except GatewayError as exc:
-            self._ledger(call, request.model, None, exc.status_code, None)
+            self._ledger(call, request.model, None, exc.status_code, None, admission, type(exc).__name__)
             raise
         if response.usage.input_tokens == 0 and response.usage.output_tokens == 0:
             response.usage = _estimate(request, response.content + "".join(c.arguments for c in response.tool_calls))
-        self._ledger(call, request.model, served_by, 200, response.usage)
-        return Completion(response, served_by)
+        await slot.store(response, served_by.target)
+        self._ledger(call, request.model, served_by, 200, response.usage, admission)
+        return Completion(response, served_by, plan.slo.name, slot.status)
 
-    async def _open_stream(self, call: Call, request: ChatRequest, plan: Plan) -> Streamed:
+    def _replay(self, call: Call, request: ChatRequest, plan: Plan, slot: Slot) -> Completion | Streamed:
+        """A cache hit: the stored answer as first sent (also as a stream), with no upstream call."""
+        hit = slot.hit
+        assert hit is not None  # noqa: S101 - called for hits only
+        served_by = dispatch.Dispatched(Target(hit.provider, hit.model), "cache-hit")
+        self.metrics.observe_request(call.endpoint, request.model, "cache", 200, time.perf_counter() - call.started)
+        log.info("request_done", endpoint=call.endpoint, status=200, cache="hit", target=f"{hit.provider}/{hit.model}")
+        if hit.response is not None:
+            return Completion(hit.response, served_by, plan.slo.name, slot.status)
+        return Streamed(request, served_by, plan.slo.name, replay(hit.events or []), slot.status)
+
+    async def _open_stream(
+        self,
+        call: Call,
+        request: ChatRequest,
+        plan: Plan,
+        decision: Decision,
+        live: Live,
+        slot: Slot,
+        admission: Admission | None = None,
+    ) -> Streamed:
         """The streaming twin: returns once the first event has arrived, so errors before it still raise."""
         try:
-            opened = await dispatch.open_stream(plan, request, self.runtime.providers, self.metrics)
+            opened = await self.runtime.dispatcher.open_stream(decision, request, live.providers)
         except GatewayError as exc:
-            self._ledger(call, request.model, None, exc.status_code, None)
+            self._ledger(call, request.model, None, exc.status_code, None, admission, type(exc).__name__)
             raise
-        self.metrics.ttft.labels(opened.dispatched.target.provider).observe(time.perf_counter() - call.started)
-        return Streamed(request, opened.dispatched, self._follow(call, request, opened))
+        ttft = time.perf_counter() - call.started
+        self.metrics.ttft.labels(opened.dispatched.target.provider).observe(ttft)
+        if admission is not None:
+            admission.ttft_s = ttft
+        followed = self._follow(call, request, opened, admission)
+        events = slot.tee(followed, opened.dispatched.target)  # stored once complete
+        return Streamed(request, opened.dispatched, plan.slo.name, events, slot.status)
 
     async def _follow(
-        self, call: Call, request: ChatRequest, opened: dispatch.OpenStream
+        self, call: Call, request: ChatRequest, opened: dispatch.OpenStream, admission: Admission | None = None
     ) -> AsyncIterator[StreamEvent]:
         """Pass a stream through, making sure it ends with usage, and account for it however it ends."""
         produced: list[str] = []
         usage: Usage | None = None
         status = 499  # the client went away, unless we learn otherwise
+        error: str | None = "ClientDisconnected"
         try:
             event: StreamEvent = opened.first
             events = opened.rest
@@ -146,15 +192,16 @@ class Pipeline:
             if usage is None:
                 usage = _estimate(request, "".join(produced))
                 yield UsageEvent(usage)
-            status = 200
+            status, error = 200, None
         except GatewayError as exc:
-            status = exc.status_code
+            status, error = exc.status_code, type(exc).__name__
             raise
         finally:
             await opened.rest.aclose()  # type: ignore[attr-defined]
             if usage is None:  # cut short: bill what was produced
                 usage = _estimate(request, "".join(produced))
-            self._ledger(call, request.model, opened.dispatched, status, usage)
+            opened.finish(ok=status < 500, output_tokens=usage.output_tokens)
+            self._ledger(call, request.model, opened.dispatched, status, usage, admission, error)
 
     async def embed(
         self, call: Call, decode: Callable[[], EmbeddingRequest]
@@ -162,26 +209,72 @@ class Pipeline:
         """Embeddings."""
         principal = await self.auth.authenticate(call.api_key)
         request = decode()
-        plan = self.runtime.policy.resolve(request.model)
         _bind(principal, request)
+        live = self.runtime.live
+        plan = live.policy.resolve(request.model, principal.tenant, call.slo)
+        size = sum(len(x) // CHARS_PER_TOKEN if isinstance(x, str) else len(x) for x in request.input)
+        decision = self.runtime.decide(plan, Workload(size, 0), live)
+        admission = await self._admit(call, principal, plan, None, size)  # 429 / 402
         try:
-            response, served_by = await dispatch.embed(plan, request, self.runtime.providers, self.metrics)
+            response, served_by = await self.runtime.dispatcher.embed(decision, request, live.providers)
         except GatewayError as exc:
-            self._ledger(call, request.model, None, exc.status_code, None)
+            self._ledger(call, request.model, None, exc.status_code, None, admission, type(exc).__name__)
             raise
-        self._ledger(call, request.model, served_by, 200, response.usage)
+        self._ledger(call, request.model, served_by, 200, response.usage, admission)
         return response, served_by
 
     async def models(self, call: Call) -> list[tuple[str, str]]:
         """The aliases this caller can use, with the provider that serves each first."""
-        await self.auth.authenticate(call.api_key)
+        principal = await self.auth.authenticate(call.api_key)
         policy = self.runtime.policy
-        return [(alias, policy.models[alias][0].provider) for alias in policy.available_models()]
+        return [(alias, policy.models[alias][0].provider) for alias in policy.available_models(principal.tenant)]
+
+    def explain(self, request: ChatRequest, tenant: str | None, slo: str | None) -> tuple[Plan, Decision]:
+        """What the router would do with ``request`` now, without sending it or exploring (admin API)."""
+        live = self.runtime.live
+        plan = live.policy.resolve(request.model, tenant, slo or _slo_asked(None, request, live.policy))
+        return plan, self.runtime.decide(plan, workload(request), live, explore=False)
+
+    async def _admit(
+        self, call: Call, principal: Principal, plan: Plan, request: ChatRequest | None, embed_tokens: int = 0
+    ) -> Admission | None:
+        """Rate limits and budget reservation (``gateway.ledger``); may cap a budgeted request's ``max_tokens``."""
+        if self.ledger is None:
+            return None
+        chat = request
+        admission, cap = await self.ledger.admit(
+            principal,
+            plan,
+            request_id=call.request_id,
+            endpoint=call.endpoint,
+            started=call.started,
+            streamed=request.stream if request is not None else False,
+            input_tokens=lambda: tokens.count_prompt(chat) if chat is not None else embed_tokens,
+            max_output_tokens=request.max_tokens if request is not None else 0,
+        )
+        if request is not None:
+            request.max_tokens = cap
+        return admission
 
     def _ledger(
-        self, call: Call, model: str, served_by: dispatch.Dispatched | None, status: int, usage: Usage | None
+        self,
+        call: Call,
+        model: str,
+        served_by: dispatch.Dispatched | None,
+        status: int,
+        usage: Usage | None,
+        admission: Admission | None = None,
+        error: str | None = None,
     ) -> None:
-        """Record the outcome. The usage ledger (its own issue) will write records here, behind the response."""
+        """Record the outcome: metrics, the request log line and the usage record (written behind the response)."""
+        if admission is not None and self.ledger is not None:
+            target = served_by.target if served_by is not None else None
+            record = self.ledger.finish(admission, target=target, status=status, usage=usage, error=error)
+            if record is not None and record.provider is not None:
+                tenant = record.tenant or "none"
+                self.metrics.observe_cost(tenant, record.provider, record.cost_nanos / 1e9, record.saved_nanos / 1e9)
+                if record.slo_met is not None:
+                    self.metrics.observe_slo(tenant, record.slo_class, record.slo_met)
         seconds = time.perf_counter() - call.started
         provider = served_by.target.provider if served_by else "none"
         self.metrics.observe_request(call.endpoint, model, provider, status, seconds)
@@ -198,6 +291,41 @@ class Pipeline:
             output_tokens=usage.output_tokens if usage else None,
             usage_source=usage.source if usage else None,
         )
+
+
+CHARS_PER_TOKEN = 4
+"""The router sizes requests by characters: a token count would cost more than the decision it informs."""
+DEFAULT_OUTPUT_TOKENS = 256
+"""The answer length the router assumes when a request sets no ``max_tokens``."""
+PREFIX_MIN_CHARS = 1024
+"""A stable prefix (system prompt and tools) at least this long makes prefix affinity worth keeping."""
+
+
+def workload(request: ChatRequest) -> Workload:
+    """What the router needs to know of a request's size, and the hash of its stable prefix."""
+    chars = sum(len(m.text()) for m in request.messages)
+    system = "\n".join(m.text() for m in request.messages if m.role == "system")
+    tools = "\n".join(f"{t.name}:{t.description}" for t in request.tools)
+    prefix = system + tools
+    prefix_key = (
+        hashlib.blake2b(prefix.encode(), digest_size=16).hexdigest() if len(prefix) >= PREFIX_MIN_CHARS else None
+    )
+    return Workload(chars // CHARS_PER_TOKEN, request.max_tokens or DEFAULT_OUTPUT_TOKENS, prefix_key)
+
+
+def _first_choice(decision: Decision, request: ChatRequest) -> str:
+    """The deployment the router tries first (what ``cache.key_by: deployment`` keys on)."""
+    return decision.order[0].key if decision.order else request.model
+
+
+def _slo_asked(call: Call | None, request: ChatRequest, policy: Policy) -> str | None:
+    """The header's SLO class; else a ``service_tier`` that some SLO class claims (others go upstream as is)."""
+    if call is not None and call.slo is not None:
+        return call.slo
+    tier = request.extra.get("service_tier")
+    if isinstance(tier, str) and any(tier in c.service_tiers for c in policy.slo_classes.values()):
+        return tier
+    return None
 
 
 def _bind(principal: Principal, request: ChatRequest | EmbeddingRequest) -> None:

@@ -9,12 +9,12 @@ anything about HTTP.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import msgspec
 import yaml
 
-from gateway.errors import UnknownModel
+from gateway.errors import InvalidRequest, PermissionDenied, UnknownModel
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 ProviderKind = Literal["openai", "anthropic", "gemini", "selfhost"]
 _S = TypeVar("_S", bound=msgspec.Struct)
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+Positive = Annotated[float, msgspec.Meta(gt=0)]
 
 _DEFAULT_BASE_URLS: dict[str, str] = {
     "openai": "https://api.openai.com/v1",
@@ -51,13 +53,34 @@ class ProviderSpec(msgspec.Struct, forbid_unknown_fields=True):
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     engine: dict[str, Any] = msgspec.field(default_factory=dict)
     """``selfhost`` only: ``selfhost.config.EngineConfig`` fields (``max_num_seqs``, ``dtype``, ``device``...)."""
+    gpu_dollars_per_hour: NonNegative | None = None
+    """A self-hosted engine (in-process or its own server): what its GPU costs. Its token prices then
+    follow from its measured speed at its current load (``gateway.router.engine_price``)."""
+    prefill_cost_ratio: NonNegative = 0.1
+    """Self-hosted only: the cost of a prompt token relative to a generated one (prefill is batched)."""
+
+
+class PriceSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """List prices in US dollars per million tokens."""
+
+    input: NonNegative = 0.0
+    output: NonNegative = 0.0
+    cached_input: NonNegative | None = None
+    """Price of prompt tokens read from the provider's cache; ``None`` means the input price."""
 
 
 class TargetSpec(msgspec.Struct, forbid_unknown_fields=True):
-    """One deployment of an alias: a provider and the model name it knows."""
+    """One deployment of an alias: a provider, the model name it knows, and what it costs."""
 
     provider: str
     model: str
+    price: PriceSpec | None = None
+    batch_discount: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
+    """Share of the price taken off for requests in the ``batch`` SLO class (0.5 = half price)."""
+    max_concurrency: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """In-flight requests this deployment takes from one gateway replica; beyond it, it is skipped."""
+    attempt_timeout_s: Positive | None = None
+    """Time allowed to the first byte of one attempt; ``None`` means the provider's timeout."""
 
 
 class ModelSpec(msgspec.Struct, forbid_unknown_fields=True):
@@ -65,6 +88,50 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True):
 
     targets: list[TargetSpec]
     description: str | None = None
+    fallbacks: list[str] = msgspec.field(default_factory=list)
+    """Other aliases tried, in order, once every target of this one has failed (before the first byte)."""
+
+
+class SloSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """A latency objective; a deployment qualifies when its predicted p95s are within these."""
+
+    ttft_p95_ms: Positive | None = None
+    tpot_p95_ms: Positive | None = None
+    deadline_s: Positive | None = None
+    """Batch classes: the whole answer is due within this many seconds."""
+    service_tiers: list[str] = msgspec.field(default_factory=list)
+    """OpenAI ``service_tier`` values that select this class when no header names one."""
+    description: str | None = None
+
+
+class TenantSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """What one tenant may use and what it gets by default."""
+
+    allowed_models: list[str] | None = None
+    """Aliases this tenant may call (``None``: all)."""
+    default_slo_class: str | None = None
+    max_input_price: NonNegative | None = None
+    """Deployments dearer than this (dollars per million input tokens) are not used for this tenant."""
+    max_output_price: NonNegative | None = None
+
+
+class RoutingSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """How the router and dispatcher behave."""
+
+    explore_share: Annotated[float, msgspec.Meta(ge=0, le=0.5)] = 0.02
+    """Share of requests sent to a qualifying deployment other than the best, to keep statistics fresh."""
+    retries: Annotated[int, msgspec.Meta(ge=0, le=5)] = 1
+    """Further attempts on the same deployment after a retryable error, before falling back."""
+    backoff_ms: NonNegative = 100.0
+    backoff_max_ms: NonNegative = 2000.0
+    total_timeout_s: Positive = 600.0
+    """Deadline over all attempts of one request, until its first byte."""
+    breaker_failures: Annotated[int, msgspec.Meta(ge=1)] = 5
+    """Consecutive failures that open a deployment's circuit breaker."""
+    breaker_cooldown_s: Positive = 30.0
+    """How long an open breaker waits before letting one probe through."""
+    stats_window: Annotated[int, msgspec.Meta(ge=8, le=10_000)] = 200
+    """Recent samples per deployment behind the latency quantiles."""
 
 
 class PolicyDoc(msgspec.Struct, forbid_unknown_fields=True):
@@ -75,6 +142,11 @@ class PolicyDoc(msgspec.Struct, forbid_unknown_fields=True):
     passthrough: bool = True
     """Let clients ask for ``provider/model`` directly when the provider is enabled."""
     version: int = 1
+    slo_classes: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    default_slo_class: str | None = None
+    tenants: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    routing: dict[str, Any] = msgspec.field(default_factory=dict)
+    cache: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +163,9 @@ class ProviderConfig:
     key_required: bool = True
     engine: dict[str, Any] = field(default_factory=dict)
     """Engine options of a ``selfhost`` provider."""
+    gpu_dollars_per_hour: float | None = None
+    """Set for self-hosted engines: their token prices derive from it (``gateway.router``)."""
+    prefill_cost_ratio: float = 0.1
 
     @property
     def enabled(self) -> bool:
@@ -99,19 +174,142 @@ class ProviderConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Price:
+    """Dollars per million tokens."""
+
+    input: float = 0.0
+    output: float = 0.0
+    cached_input: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Target:
-    """One place a request can be sent."""
+    """One deployment a request can be sent to: provider, upstream model and its terms."""
 
     provider: str
     model: str
+    price: Price | None = None
+    """List price; ``None`` for a self-hosted engine (derived from its GPU cost) or when unknown (free)."""
+    batch_discount: float = 0.0
+    max_concurrency: int | None = None
+    attempt_timeout_s: float | None = None
+
+    @property
+    def key(self) -> str:
+        """``provider/model``: how statistics, breakers and headers name this deployment."""
+        return f"{self.provider}/{self.model}"
+
+
+@dataclass(frozen=True, slots=True)
+class SloClass:
+    """A latency objective (see ``SloSpec``)."""
+
+    name: str
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
+    deadline_s: float | None = None
+    service_tiers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRules:
+    """A tenant's overrides (see ``TenantSpec``)."""
+
+    allowed_models: frozenset[str] | None = None
+    default_slo_class: str | None = None
+    max_input_price: float | None = None
+    max_output_price: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingOptions:
+    """The ``routing`` section (see ``RoutingSpec``)."""
+
+    explore_share: float = 0.02
+    retries: int = 1
+    backoff_ms: float = 100.0
+    backoff_max_ms: float = 2000.0
+    total_timeout_s: float = 600.0
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 30.0
+    stats_window: int = 200
+
+
+# --- response cache (issue 5) ---------------------------------------------------------------------
+
+CacheMode = Literal["on", "off", "read_only", "write_only"]
+
+
+class CacheSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """The ``cache`` section: the exact-match response cache."""
+
+    mode: CacheMode | bool = "off"
+    """``on``, ``off``, ``read_only`` (serve hits, store nothing) or ``write_only`` (store, never serve).
+    YAML reads a bare ``on``/``off`` as a boolean; both spellings are accepted."""
+    ttl_s: Positive = 3600.0
+    cacheable: Literal["deterministic", "opt_in", "all"] = "deterministic"
+    """``deterministic``: temperature 0 or a seed; ``opt_in``: requests sending ``x-crossway-cache: use``;
+    ``all``: every request."""
+    shared_across_tenants: bool = False
+    """Off: the tenant is part of the key, so tenants never see each other's answers."""
+    key_by: Literal["alias", "deployment"] = "alias"
+    """Key on the alias asked for, or on the deployment (``provider/model``) that answers."""
+    max_entry_bytes: Annotated[int, msgspec.Meta(ge=1)] = 1 << 20
+    """Larger answers are served but not stored."""
+    flight_wait_s: Positive = 120.0
+    """How long identical concurrent requests wait for the first one's answer before calling upstream."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRules:
+    """The compiled ``cache`` section (see ``CacheSpec``)."""
+
+    mode: CacheMode = "off"
+    ttl_s: float = 3600.0
+    cacheable: Literal["deterministic", "opt_in", "all"] = "deterministic"
+    shared_across_tenants: bool = False
+    key_by: Literal["alias", "deployment"] = "alias"
+    max_entry_bytes: int = 1 << 20
+    flight_wait_s: float = 120.0
+
+    @property
+    def reads(self) -> bool:
+        """Hits may be served."""
+        return self.mode in ("on", "read_only")
+
+    @property
+    def writes(self) -> bool:
+        """Answers may be stored."""
+        return self.mode in ("on", "write_only")
+
+
+def _cache_rules(raw: dict[str, Any], source: str) -> CacheRules:
+    spec = _convert(raw, CacheSpec, "$.cache", source)
+    mode: CacheMode = ("on" if spec.mode else "off") if isinstance(spec.mode, bool) else spec.mode
+    return CacheRules(
+        mode,
+        spec.ttl_s,
+        spec.cacheable,
+        spec.shared_across_tenants,
+        spec.key_by,
+        spec.max_entry_bytes,
+        spec.flight_wait_s,
+    )
+
+
+STANDARD = SloClass("standard")
+"""The class used when a policy defines none: no latency objective, so the cheapest healthy target wins."""
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The ordered targets to try for one request."""
+    """What a request may use: the alias's own targets (ranked by the router) and the fallbacks after them."""
 
     alias: str
     targets: tuple[Target, ...]
+    fallbacks: tuple[Target, ...] = ()
+    slo: SloClass = STANDARD
+    tenant: TenantRules | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +320,29 @@ class Policy:
     providers: Mapping[str, ProviderConfig]
     models: Mapping[str, tuple[Target, ...]]
     passthrough: bool
+    fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    slo_classes: Mapping[str, SloClass] = field(default_factory=dict)
+    default_slo_class: str | None = None
+    tenants: Mapping[str, TenantRules] = field(default_factory=dict)
+    routing: RoutingOptions = field(default_factory=RoutingOptions)
+    cache: CacheRules = field(default_factory=CacheRules)
+    text: str = field(default="", repr=False)
+    """The YAML this policy was compiled from."""
 
-    def resolve(self, model: str) -> Plan:
-        """Resolve a requested model to the enabled targets, in policy order.
+    def resolve(self, model: str, tenant: str | None = None, slo: str | None = None) -> Plan:
+        """Resolve a requested model to what the router may choose from, for this tenant and SLO class.
+
+        Args:
+            model: an alias, or ``provider/model`` when passthrough is on.
+            tenant: the caller's tenant; its overrides (allowed models, price caps, default class) apply.
+            slo: an SLO class the caller asked for (header or ``service_tier``), or ``None``.
 
         Raises:
             UnknownModel: no alias or passthrough matches, or no target's provider is configured.
+            PermissionDenied: the tenant may not use this model, or every target is above its price caps.
+            InvalidRequest: ``slo`` names no SLO class.
         """
+        rules = self.tenants.get(tenant) if tenant is not None else None
         targets = self.models.get(model)
         if targets is None and self.passthrough and "/" in model:
             provider, _, upstream = model.partition("/")
@@ -140,19 +354,88 @@ class Policy:
                 param="model",
                 code="model_not_found",
             )
+        if rules is not None and rules.allowed_models is not None and model not in rules.allowed_models:
+            raise PermissionDenied(
+                f"Tenant `{tenant}` may not use the model `{model}`.", param="model", code="model_not_allowed"
+            )
         enabled = tuple(t for t in targets if self.providers[t.provider].enabled)
-        if not enabled:
+        affordable = tuple(t for t in enabled if _within_caps(t, rules))
+        seen = set(affordable)
+        fallbacks: list[Target] = []
+        for alias in self._fallback_chain(model):
+            for t in self.models[alias]:
+                if t not in seen and self.providers[t.provider].enabled and _within_caps(t, rules):
+                    seen.add(t)
+                    fallbacks.append(t)
+        if not affordable and fallbacks:  # the alias's own deployments are off: its fallbacks serve it
+            affordable, fallbacks = tuple(fallbacks), []
+        if not enabled and not affordable:
             needed = sorted({self.providers[t.provider].name for t in targets})
             raise UnknownModel(
                 f"The model `{model}` has no configured provider (configure {', '.join(needed)}).",
                 param="model",
                 code="model_not_found",
             )
-        return Plan(model, enabled)
+        if not affordable:
+            raise PermissionDenied(
+                f"Every deployment of `{model}` is above tenant `{tenant}`'s price caps.",
+                param="model",
+                code="price_cap",
+            )
+        return Plan(model, affordable, tuple(fallbacks), self.slo_class(slo, rules), rules)
 
-    def available_models(self) -> list[str]:
-        """Aliases with at least one enabled target, sorted."""
-        return sorted(a for a, ts in self.models.items() if any(self.providers[t.provider].enabled for t in ts))
+    def slo_class(self, requested: str | None, rules: TenantRules | None = None) -> SloClass:
+        """The SLO class a request gets: the one it asked for, else its tenant's default, else the policy's.
+
+        Raises:
+            InvalidRequest: ``requested`` names no SLO class (and no ``service_tier`` of one).
+        """
+        if requested is not None:
+            if requested in self.slo_classes:
+                return self.slo_classes[requested]
+            for cls in self.slo_classes.values():
+                if requested in cls.service_tiers:
+                    return cls
+            known = ", ".join(sorted(self.slo_classes)) or "none defined"
+            raise InvalidRequest(
+                f"Unknown SLO class `{requested}` (known: {known}).", param="x-crossway-slo", code="unknown_slo_class"
+            )
+        name = (rules.default_slo_class if rules else None) or self.default_slo_class
+        if name is not None:
+            return self.slo_classes[name]
+        return self.slo_classes.get("standard", STANDARD)
+
+    def available_models(self, tenant: str | None = None) -> list[str]:
+        """Aliases with at least one enabled target that ``tenant`` may use, sorted."""
+        rules = self.tenants.get(tenant) if tenant is not None else None
+        allowed = rules.allowed_models if rules is not None else None
+        return sorted(
+            a
+            for a in self.models
+            if (allowed is None or a in allowed)
+            and any(
+                self.providers[t.provider].enabled for name in (a, *self._fallback_chain(a)) for t in self.models[name]
+            )
+        )
+
+    def _fallback_chain(self, alias: str) -> list[str]:
+        """Fallback aliases in the order they are tried: depth first, each once (acyclic by validation)."""
+        chain: list[str] = []
+        stack = list(reversed(self.fallbacks.get(alias, ())))
+        while stack:
+            name = stack.pop()
+            if name != alias and name not in chain:
+                chain.append(name)
+                stack.extend(reversed(self.fallbacks.get(name, ())))
+        return chain
+
+
+def _within_caps(target: Target, rules: TenantRules | None) -> bool:
+    if rules is None or target.price is None:
+        return True
+    if rules.max_input_price is not None and target.price.input > rules.max_input_price:
+        return False
+    return rules.max_output_price is None or target.price.output <= rules.max_output_price
 
 
 def load_policy(path: Path, env: Mapping[str, str]) -> Policy:
@@ -174,6 +457,8 @@ def parse_policy(text: str, env: Mapping[str, str], *, source: str = "<policy>")
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise PolicyError(f"{source}: not valid YAML: {exc}") from exc
+    if raw is not None and not isinstance(raw, dict):
+        raise PolicyError(f"{source}: `$`: expected a mapping at the top level, got {type(raw).__name__}")
     doc = _convert(raw if raw is not None else {}, PolicyDoc, "$", source)
     providers = {
         name: _provider_config(name, _convert(spec, ProviderSpec, f"$.providers.{name}", source), env)
@@ -190,8 +475,81 @@ def parse_policy(text: str, env: Mapping[str, str], *, source: str = "<policy>")
                     f"{source}: `$.models.{alias}.targets[{i}].provider`: unknown provider "
                     f"{t.provider!r} (known: {', '.join(sorted(providers)) or 'none'})"
                 )
-        models[alias] = tuple(Target(t.provider, t.model) for t in spec.targets)
-    return Policy(source=source, providers=providers, models=models, passthrough=doc.passthrough)
+        models[alias] = tuple(_target(t) for t in spec.targets)
+    fallbacks = {alias: tuple(spec.fallbacks) for alias, spec in specs.items() if spec.fallbacks}
+    _check_fallbacks(fallbacks, models, source)
+    slo_classes = {
+        name: _slo_class(name, _convert(spec, SloSpec, f"$.slo_classes.{name}", source))
+        for name, spec in doc.slo_classes.items()
+    }
+    _check_slo_name(doc.default_slo_class, slo_classes, "$.default_slo_class", source)
+    tenants: dict[str, TenantRules] = {}
+    for name, raw_rules in doc.tenants.items():
+        spec_t = _convert(raw_rules, TenantSpec, f"$.tenants.{name}", source)
+        _check_slo_name(spec_t.default_slo_class, slo_classes, f"$.tenants.{name}.default_slo_class", source)
+        for i, alias in enumerate(spec_t.allowed_models or []):
+            if alias not in models and not (doc.passthrough and alias.partition("/")[0] in providers):
+                raise PolicyError(f"{source}: `$.tenants.{name}.allowed_models[{i}]`: unknown model {alias!r}")
+        tenants[name] = TenantRules(
+            allowed_models=frozenset(spec_t.allowed_models) if spec_t.allowed_models is not None else None,
+            default_slo_class=spec_t.default_slo_class,
+            max_input_price=spec_t.max_input_price,
+            max_output_price=spec_t.max_output_price,
+        )
+    routing = msgspec.structs.asdict(_convert(doc.routing, RoutingSpec, "$.routing", source))
+    return Policy(
+        source=source,
+        providers=providers,
+        models=models,
+        passthrough=doc.passthrough,
+        fallbacks=fallbacks,
+        slo_classes=slo_classes,
+        default_slo_class=doc.default_slo_class,
+        tenants=tenants,
+        routing=RoutingOptions(**routing),
+        cache=_cache_rules(doc.cache, source),
+        text=text,
+    )
+
+
+def _target(spec: TargetSpec) -> Target:
+    price = spec.price
+    return Target(
+        spec.provider,
+        spec.model,
+        price=Price(price.input, price.output, price.cached_input) if price is not None else None,
+        batch_discount=spec.batch_discount,
+        max_concurrency=spec.max_concurrency,
+        attempt_timeout_s=spec.attempt_timeout_s,
+    )
+
+
+def _slo_class(name: str, spec: SloSpec) -> SloClass:
+    return SloClass(name, spec.ttft_p95_ms, spec.tpot_p95_ms, spec.deadline_s, tuple(spec.service_tiers))
+
+
+def _check_slo_name(name: str | None, classes: Mapping[str, SloClass], path: str, source: str) -> None:
+    if name is not None and name not in classes:
+        known = ", ".join(sorted(classes)) or "none defined"
+        raise PolicyError(f"{source}: `{path}`: unknown SLO class {name!r} (known: {known})")
+
+
+def _check_fallbacks(fallbacks: Mapping[str, tuple[str, ...]], models: Mapping[str, object], source: str) -> None:
+    """Every fallback names an alias, and following fallbacks never comes back to where it started."""
+    for alias, names in fallbacks.items():
+        for i, name in enumerate(names):
+            if name not in models:
+                raise PolicyError(f"{source}: `$.models.{alias}.fallbacks[{i}]`: unknown model {name!r}")
+
+    def visit(alias: str, path: list[str]) -> None:
+        for name in fallbacks.get(alias, ()):
+            if name in path:
+                cycle = " -> ".join([*path[path.index(name) :], name])
+                raise PolicyError(f"{source}: `$.models.{path[0]}.fallbacks`: cyclic fallbacks {cycle}")
+            visit(name, [*path, name])
+
+    for alias in fallbacks:
+        visit(alias, [alias])
 
 
 def _convert(raw: object, kind: type[_S], path: str, source: str) -> _S:
@@ -221,4 +579,6 @@ def _provider_config(name: str, spec: ProviderSpec, env: Mapping[str, str]) -> P
         headers=dict(spec.headers),
         key_required=key_required,
         engine=dict(spec.engine),
+        gpu_dollars_per_hour=spec.gpu_dollars_per_hour,
+        prefill_cost_ratio=spec.prefill_cost_ratio,
     )

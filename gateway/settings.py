@@ -42,6 +42,11 @@ class Settings:
     key_cache_ttl_s: float = 10.0
     """How long a verified API key is trusted without asking the database again; bounds how late a
     revocation reaches other replicas (a replica that revokes forgets the key at once)."""
+    policy_poll_s: float = 1.0
+    """How often this replica checks the database for a newer version of its policy (Redis, when
+    configured, announces edits at once)."""
+    cache_memory_bytes: int = 64 * 1024 * 1024
+    """Byte cap of the in-process response cache (used when ``redis_url`` is unset)."""
     bootstrap: bool = True
     """On first start with no tenants, create tenant ``default`` and print one key."""
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
@@ -63,6 +68,8 @@ class Settings:
             "log_level": e.get("CROSSWAY_LOG_LEVEL", d.log_level).lower(),
             "log_json": e.get("CROSSWAY_LOG_FORMAT", "json") == "json",
             "log_content": e.get("CROSSWAY_LOG_CONTENT", "") in {"1", "true", "yes"},
+            "cache_memory_bytes": int(e.get("CROSSWAY_CACHE_MEMORY_BYTES", d.cache_memory_bytes)),
+            "policy_poll_s": float(e.get("CROSSWAY_POLICY_POLL_S", d.policy_poll_s)),
             "env": MappingProxyType(e),
         }
         values.update(overrides)

@@ -28,13 +28,15 @@ class _NewKey(msgspec.Struct, forbid_unknown_fields=True):
     name: str | None = None
 
 
-def _admin(request: Request[Any, Any, Any], state: State) -> None:
+def require_admin(request: Request[Any, Any, Any], state: State) -> None:
+    """Let the request through only with the admin key (every ``/admin`` route starts with this)."""
     check_admin(
         bearer_key(request.headers.get("authorization"), request.headers.get("x-api-key")), state.settings.admin_key
     )
 
 
-def _decode(body: bytes, kind: type[Any]) -> Any:
+def decode_body(body: bytes, kind: type[Any]) -> Any:
+    """Decode a JSON admin body into ``kind``; a malformed one is a 400."""
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.DecodeError as exc:
@@ -56,24 +58,25 @@ def _key(k: KeyInfo) -> dict[str, Any]:
     }
 
 
-def _json(obj: Any, status: int = 200) -> Response[bytes]:
+def json_response(obj: Any, status: int = 200) -> Response[bytes]:
+    """A JSON response."""
     return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
 
 
 @get("/admin/tenants", summary="List tenants")
 async def list_tenants(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Every tenant with its number of active keys."""
-    _admin(request, state)
-    return _json({"data": [_tenant(t) for t in await state.key_store.list_tenants()]})
+    require_admin(request, state)
+    return json_response({"data": [_tenant(t) for t in await state.key_store.list_tenants()]})
 
 
 @post("/admin/tenants", summary="Create a tenant")
 async def create_tenant(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Create a tenant by name."""
-    _admin(request, state)
-    new: _NewTenant = _decode(await request.body(), _NewTenant)
+    require_admin(request, state)
+    new: _NewTenant = decode_body(await request.body(), _NewTenant)
     try:
-        return _json(_tenant(await state.key_store.create_tenant(new.name)), 201)
+        return json_response(_tenant(await state.key_store.create_tenant(new.name)), 201)
     except (ValueError, ConflictError) as exc:
         raise InvalidRequest(str(exc), param="name") from exc
 
@@ -83,26 +86,26 @@ async def list_keys(
     request: Request[Any, Any, Any], state: State, tenant: FromQuery[str | None] = None
 ) -> Response[bytes]:
     """Keys (never the secrets), optionally of one tenant."""
-    _admin(request, state)
-    return _json({"data": [_key(k) for k in await state.key_store.list_keys(tenant)]})
+    require_admin(request, state)
+    return json_response({"data": [_key(k) for k in await state.key_store.list_keys(tenant)]})
 
 
 @post("/admin/keys", summary="Create an API key")
 async def create_key(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Create a key for a tenant (created if missing); the secret is in this response only."""
-    _admin(request, state)
-    new: _NewKey = _decode(await request.body(), _NewKey)
+    require_admin(request, state)
+    new: _NewKey = decode_body(await request.body(), _NewKey)
     try:
         info, raw = await state.key_store.create_key(new.tenant, name=new.name)
     except ValueError as exc:
         raise InvalidRequest(str(exc), param="tenant") from exc
-    return _json({**_key(info), "key": raw}, 201)
+    return json_response({**_key(info), "key": raw}, 201)
 
 
 @delete("/admin/keys/{key:str}", status_code=200, summary="Revoke an API key")
 async def revoke_key(request: Request[Any, Any, Any], state: State, key: FromPath[str]) -> Response[bytes]:
     """Revoke a key by id or prefix."""
-    _admin(request, state)
+    require_admin(request, state)
     try:
         info = await state.key_store.revoke_key(int(key) if key.isdigit() else key)
     except NotFoundError as exc:
@@ -110,7 +113,7 @@ async def revoke_key(request: Request[Any, Any, Any], state: State, key: FromPat
     except ConflictError as exc:
         raise InvalidRequest(str(exc)) from exc
     state.pipeline.auth.forget(info.key_hash)
-    return _json(_key(info))
+    return json_response(_key(info))
 
 
 ROUTES = [list_tenants, create_tenant, list_keys, create_key, revoke_key]

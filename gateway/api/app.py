@@ -16,19 +16,25 @@ import httpx
 import structlog
 from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
-from gateway.api import admin, anthropic, health, openai
+from gateway.api import admin, anthropic, cache, finance, health, openai, policies
 from gateway.api.errors import handle_exception
 from gateway.auth import Authenticator
+from gateway.cache.responses import ResponseCache
+from gateway.cache.store import build_store
+from gateway.ledger import build_ledger
 from gateway.obs import logging as obs_logging
 from gateway.obs.metrics import Metrics
-from gateway.pipeline import Pipeline, Runtime
+from gateway.pipeline import Pipeline
 from gateway.policy import load_policy
 from gateway.providers.transport import PooledTransport
+from gateway.runtime import Runtime
 from gateway.settings import Settings
 from gateway.store.db import Database
 from gateway.store.keys import KeyStore, bootstrap
+from gateway.store.policies import PolicyStore
+from gateway.watcher import PolicyWatcher
 
 log = structlog.get_logger("gateway.app")
 
@@ -46,34 +52,76 @@ def create_app(settings: Settings) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         db = Database.connect(settings.database_url)
-        redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
+        # NOTE: redis-py 8's default pool raises MaxConnectionsError past 100 connections; this one waits.
+        redis = (
+            Redis.from_pool(BlockingConnectionPool.from_url(settings.redis_url, max_connections=256, timeout=5))
+            if settings.redis_url
+            else None
+        )
         # NOTE: our own pool under httpx (see gateway.providers.transport): httpcore's bookkeeping was
         # half the gateway's CPU. httpx ignores ``limits=`` once a transport is given, so they go there.
         transport = PooledTransport(httpx.Limits(max_connections=1000, max_keepalive_connections=200))
         client = httpx.AsyncClient(transport=transport)
         keys = KeyStore(db)
         metrics = Metrics()
-        pipeline = Pipeline(settings, Authenticator(keys, settings.key_cache_ttl_s), Runtime(policy, client), metrics)
-        app.state.update(settings=settings, db=db, redis=redis, key_store=keys, metrics=metrics, pipeline=pipeline)
+        runtime = Runtime(policy, client, metrics)
+        responses = ResponseCache(build_store(settings.redis_url, settings.cache_memory_bytes))
+        ledger = build_ledger(db, redis)
+        pipeline = Pipeline(
+            settings, Authenticator(keys, settings.key_cache_ttl_s), runtime, metrics, responses, ledger=ledger
+        )
+        policy_store = PolicyStore(db)
+        watcher = PolicyWatcher(
+            policy_store,
+            runtime,
+            settings.policy_path.stem,
+            settings.env,
+            interval_s=settings.policy_poll_s,
+            redis=redis,
+        )
+        app.state.update(
+            settings=settings,
+            db=db,
+            redis=redis,
+            key_store=keys,
+            metrics=metrics,
+            pipeline=pipeline,
+            ledger=ledger,
+            policy_store=policy_store,
+            watcher=watcher,
+        )
+        await watcher.start(settings.policy_path.parent)  # the stored policy, if newer than the file, wins
+        await ledger.start()
         if raw := await bootstrap(settings, keys):
             print(f"crossway: created tenant 'default' with API key (shown once): {raw}", file=sys.stderr)  # noqa: T201
         log.info(
             "gateway_started",
-            policy=policy.source,
+            policy=runtime.policy.source,
             models=len(policy.models),
             providers=[name for name, p in policy.providers.items() if p.enabled],
         )
         try:
             yield
         finally:
+            await watcher.aclose()
             await pipeline.runtime.aclose()
+            await ledger.aclose()  # after the last request: flushes every usage record
+            await responses.store.aclose()
             await client.aclose()
             if redis is not None:
                 await redis.aclose()
             await db.aclose()
 
     return Litestar(
-        route_handlers=[*openai.ROUTES, *anthropic.ROUTES, *health.ROUTES, *admin.ROUTES],
+        route_handlers=[
+            *openai.ROUTES,
+            *anthropic.ROUTES,
+            *health.ROUTES,
+            *admin.ROUTES,
+            *policies.ROUTES,
+            *cache.ROUTES,
+            *finance.ROUTES,
+        ],
         lifespan=[lifespan],
         exception_handlers={Exception: handle_exception},
         request_max_body_size=settings.max_body_bytes,

@@ -20,6 +20,7 @@ from litestar.response import Stream
 
 from gateway.api.errors import to_gateway_error
 from gateway.auth import bearer_key
+from gateway.cache.responses import DIRECTIVES, Directive
 from gateway.dispatch import Dispatched
 from gateway.errors import GatewayError
 from gateway.pipeline import Call, Completion, Streamed
@@ -39,20 +40,26 @@ def make_call(request: Request[Any, Any, Any], endpoint: str) -> Call:
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id=request_id)
     key = bearer_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
-    return Call(request_id=request_id, api_key=key, endpoint=endpoint, started=started)
+    slo = request.headers.get("x-crossway-slo") or None
+    cache = request.headers.get("x-crossway-cache")
+    directive: Directive | None = cache if cache in DIRECTIVES else None  # type: ignore[assignment]
+    return Call(request_id=request_id, api_key=key, endpoint=endpoint, started=started, slo=slo, cache=directive)
 
 
-def served_headers(call: Call, served_by: Dispatched) -> dict[str, str]:
-    """Response headers naming the deployment that answered and the attempts it took."""
+def served_headers(call: Call, served_by: Dispatched, slo: str | None = None) -> dict[str, str]:
+    """Response headers naming the deployment that answered, why the router chose it, and the attempts made."""
     target = served_by.target
-    return {
+    headers = {
         "x-request-id": call.request_id,
         "x-crossway-provider": target.provider,
         "x-crossway-model": target.model,
-        "x-crossway-attempts": ",".join(
-            f"{a.target.provider}/{a.target.model}:{a.outcome}" for a in served_by.attempts
-        ),
+        "x-crossway-deployment": target.key,
+        "x-crossway-route-reason": served_by.reason,
+        "x-crossway-attempts": ",".join(f"{a.target.key}:{a.outcome}" for a in served_by.attempts),
     }
+    if slo is not None:
+        headers["x-crossway-slo-class"] = slo
+    return headers
 
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -75,7 +82,9 @@ def respond(
     stream_encoder: Callable[[Streamed, str], StreamEncoder],
 ) -> Response[bytes] | Stream:
     """The HTTP response for a pipeline result: JSON, or SSE through the wire's stream encoder."""
-    headers = served_headers(call, result.served_by)
+    headers = served_headers(call, result.served_by, result.slo)
+    if result.cache is not None:
+        headers.update(result.cache.headers())
     if isinstance(result, Completion):
         return Response(encode(result.response, response_id), media_type="application/json", headers=headers)
     encoder = stream_encoder(result, response_id)

@@ -52,6 +52,18 @@ class Metrics:
             ["provider", "kind"],
             registry=r,
         )
+        self.cost = Counter(
+            "crossway_cost_usd",
+            "Spend in US dollars (ledger prices), and what provider cache hits saved, by tenant and provider.",
+            ["tenant", "provider", "kind"],
+            registry=r,
+        )
+        self.slo = Counter(
+            "crossway_slo_requests",
+            "Served requests by tenant, SLO class and whether they met it (goodput numerator).",
+            ["tenant", "slo_class", "met"],
+            registry=r,
+        )
 
     def observe_request(self, endpoint: str, model: str, provider: str, status: int, seconds: float) -> None:
         """One finished request."""
@@ -61,6 +73,16 @@ class Metrics:
     def observe_attempt(self, provider: str, outcome: str) -> None:
         """One upstream call: ``ok`` or the error class name."""
         self.attempts.labels(provider, outcome).inc()
+
+    def observe_cost(self, tenant: str, provider: str, usd: float, saved_usd: float) -> None:
+        """What one request cost and what cache hits saved."""
+        self.cost.labels(tenant, provider, "spent").inc(usd)
+        if saved_usd:
+            self.cost.labels(tenant, provider, "saved").inc(saved_usd)
+
+    def observe_slo(self, tenant: str, slo_class: str, met: bool) -> None:
+        """One served request's SLO verdict."""
+        self.slo.labels(tenant, slo_class, "true" if met else "false").inc()
 
     def observe_tokens(self, provider: str, input_tokens: int, output_tokens: int, cached: int) -> None:
         """Token counts of one request."""

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from gateway.cache.prefix import prompt_cache_key
 from gateway.errors import InvalidRequest
 from gateway.providers._http import Upstream
 from gateway.providers.base import iter_sse
@@ -289,6 +290,8 @@ def build_body(request: ChatRequest, model: str, *, stream: bool) -> dict[str, A
     if request.wire == "openai":
         for key, value in request.extra.items():
             body.setdefault(key, value)  # canonical fields win over passthrough extras
+    if (cache_key := prompt_cache_key(request)) is not None:
+        body.setdefault("prompt_cache_key", cache_key)  # a caller's own key wins
     return body
 
 

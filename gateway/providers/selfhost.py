@@ -18,6 +18,7 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import InvalidRequest, ProviderUnavailable
+from gateway.stats import EngineLoad
 from gateway.types import ChatResponse, Finish, ImagePart, TextDelta, Usage, UsageEvent
 
 if TYPE_CHECKING:
@@ -47,6 +48,15 @@ class SelfHostProvider:
         if task is None:
             task = self._engines[model] = asyncio.ensure_future(asyncio.to_thread(_load, model, self.config.engine))
         return task
+
+    def load(self, model: str) -> EngineLoad | None:
+        """How busy ``model``'s engine is as of its latest step (``None`` until it is loaded)."""
+        task = self._engines.get(model)
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        snapshot = task.result().metrics_snapshot()
+        total = snapshot.kv_blocks_total
+        return EngineLoad(snapshot.num_waiting, snapshot.num_running, snapshot.kv_blocks_free / total if total else 1.0)
 
     async def engine(self, model: str) -> AsyncEngine:
         """The running engine for ``model``, loading it on first use.

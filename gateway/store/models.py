@@ -10,7 +10,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint, func
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -125,3 +138,80 @@ class PolicyVersion(Base):
     diff: Mapped[str] = mapped_column(Text, default="")
     """Unified diff against the previous version (empty for the first)."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, server_default=func.now())
+
+
+class UsageRow(Base):
+    """One request's usage, cost and latency (``gateway.ledger.record.UsageRecord``); append-only.
+
+    ``tenant`` is a name, not a foreign key: spend history outlives a deleted tenant.
+    """
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index("ix_usage_records_tenant_ts", "tenant", "ts"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    """The record's own id; a retried batch skips ids already written."""
+    ts: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    request_id: Mapped[str] = mapped_column(String(128), index=True)
+    tenant: Mapped[str | None] = mapped_column(String(64))
+    tenant_id: Mapped[int | None] = mapped_column(Integer)
+    key_id: Mapped[int | None] = mapped_column(Integer)
+    endpoint: Mapped[str] = mapped_column(String(32))
+    alias: Mapped[str] = mapped_column(String(256))
+    provider: Mapped[str | None] = mapped_column(String(64))
+    deployment: Mapped[str | None] = mapped_column(String(256))
+    slo_class: Mapped[str] = mapped_column(String(64))
+    streamed: Mapped[bool] = mapped_column(Boolean)
+    input_tokens: Mapped[int] = mapped_column(Integer)
+    cached_input_tokens: Mapped[int] = mapped_column(Integer)
+    cache_write_tokens: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    usage_source: Mapped[str] = mapped_column(String(16))
+    price_id: Mapped[int | None] = mapped_column(Integer)
+    cost_nanos: Mapped[int] = mapped_column(BigInteger)
+    """US dollars times 10^9."""
+    saved_nanos: Mapped[int] = mapped_column(BigInteger)
+    queue_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    tpot_ms: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    slo_met: Mapped[bool | None] = mapped_column(Boolean)
+    status: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(String(64))
+
+
+class PriceRow(Base):
+    """One price version of a deployment, in force from ``effective_from``; never edited, only appended."""
+
+    __tablename__ = "prices"
+    __table_args__ = (Index("ix_prices_deployment_effective_from", "deployment", "effective_from"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    deployment: Mapped[str] = mapped_column(String(256))
+    """``provider/model`` as in the policy."""
+    effective_from: Mapped[datetime] = mapped_column(UTCDateTime())
+    input: Mapped[float] = mapped_column(Float)
+    """US dollars per million tokens."""
+    output: Mapped[float] = mapped_column(Float)
+    cached_input: Mapped[float | None] = mapped_column(Float)
+    author: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, server_default=func.now())
+
+
+class LimitRow(Base):
+    """Rate limits and monthly budget of a tenant (``key_id`` 0) or of one of its keys."""
+
+    __tablename__ = "tenant_limits"
+    __table_args__ = (UniqueConstraint("tenant", "key_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    key_id: Mapped[int] = mapped_column(Integer, default=0)
+    """0 for the tenant as a whole (not NULL, so the unique constraint holds on PostgreSQL too)."""
+    rpm: Mapped[int | None] = mapped_column(Integer)
+    tpm: Mapped[int | None] = mapped_column(Integer)
+    budget_soft_usd: Mapped[float | None] = mapped_column(Float)
+    """Monthly spend past which requests still pass but are flagged and logged."""
+    budget_hard_usd: Mapped[float | None] = mapped_column(Float)
+    """Monthly spend no request may take the tenant (or key) past; reservations count."""
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, server_default=func.now())

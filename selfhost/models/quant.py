@@ -72,10 +72,10 @@ def _nbytes(*tensors: torch.Tensor) -> int:
 def int8_supported(weight: torch.Tensor) -> bool:
     """Whether the int8 kernel takes this ``(N, K)`` weight.
 
-    NOTE(crossway): in torch 2.13 ``_weight_int8pack_mm`` returns wrong rows for K not a multiple
-    of 8 and can crash for small odd shapes, so such layers stay in float.
+    NOTE(crossway): in torch 2.13 ``_weight_int8pack_mm`` returns wrong rows, or crashes, for K not a
+    multiple of 32 on AVX512 hosts (multiples of 8 were enough on AVX2), so such layers stay in float.
     """
-    return weight.dim() == 2 and weight.device.type == "cpu" and weight.shape[1] % 8 == 0
+    return weight.dim() == 2 and weight.device.type == "cpu" and weight.shape[1] % 32 == 0
 
 
 def int4_supported(weight: torch.Tensor, group_size: int) -> bool:

@@ -80,8 +80,8 @@ def test_load_policy_reports_missing_file(tmp_path: Path):
 
 def test_default_policy_loads_and_enables_providers_by_sdk_variables():
     policy = load_policy(DEFAULT_POLICY, {"ANTHROPIC_API_KEY": "k"})
-    assert policy.available_models() == ["claude-haiku-4-5", "claude-sonnet-4-5", "smollm2"]
-    assert load_policy(DEFAULT_POLICY, {}).available_models() == ["smollm2"]  # the engine needs no key
+    assert policy.available_models() == ["claude-haiku-4-5", "claude-sonnet-4-5", "smollm2", "smollm2-cpu"]
+    assert load_policy(DEFAULT_POLICY, {}).available_models() == ["smollm2", "smollm2-cpu"]  # the engine needs no key
 
 
 def test_keyless_provider_is_enabled_only_once_its_address_is_known():
@@ -91,7 +91,9 @@ def test_keyless_provider_is_enabled_only_once_its_address_is_known():
     assert on.enabled and on.base_url == "http://127.0.0.1:8001/v1"
 
 
-def test_default_policy_prefers_the_engine_server_then_the_in_process_engine():
-    assert load_policy(DEFAULT_POLICY, {}).resolve("smollm2").targets == (Target("local", "smollm2"),)
+def test_default_policy_prefers_the_engine_server_then_falls_back_to_the_in_process_engine():
+    alone = load_policy(DEFAULT_POLICY, {}).resolve("smollm2")
+    assert [t.key for t in alone.targets] == ["local/smollm2"] and alone.fallbacks == ()
     both = load_policy(DEFAULT_POLICY, {"CROSSWAY_ENGINE_URL": "http://engine:8000/v1"}).resolve("smollm2")
-    assert both.targets == (Target("engine", "smollm2"), Target("local", "smollm2"))
+    assert [t.key for t in both.targets] == ["engine/smollm2"]
+    assert [t.key for t in both.fallbacks] == ["local/smollm2"]

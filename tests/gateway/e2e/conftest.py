@@ -40,6 +40,7 @@ models:
   fallback-test: {{targets: [{{provider: openai, model: error-503}}, {{provider: dead, model: m}}, {{provider: anthropic, model: claude-fallback}}]}}
   nowhere-test: {{targets: [{{provider: unconfigured, model: m}}]}}
   smollm2: {{targets: [{{provider: local, model: smollm2}}]}}
+routing: {{explore_share: 0, breaker_failures: 1000}}  # deterministic for the wire tests; routing has its own
 """
 
 
@@ -95,12 +96,17 @@ def upstream() -> Iterator[FakeUpstream]:
     fake.stop()
 
 
-def start_gateway(upstream: FakeUpstream, workdir: Path, **overrides: object) -> tuple[GatewayServer, str]:
-    """Migrate a fresh SQLite database, create a key, start a gateway; the caller stops it."""
+def start_gateway(
+    upstream: FakeUpstream, workdir: Path, policy_text: str | None = None, **overrides: object
+) -> tuple[GatewayServer, str]:
+    """Migrate a fresh SQLite database, create a key, start a gateway; the caller stops it.
+
+    The policy is ``policy_text`` (default: ``POLICY`` over ``upstream``), written to ``workdir/policy.yaml``.
+    """
     url = f"sqlite+aiosqlite:///{workdir / 'gateway.db'}"
     key = asyncio.run(_prepare(url))
     policy = workdir / "policy.yaml"
-    policy.write_text(POLICY.format(url=upstream.url, dead_port=_free_port()))
+    policy.write_text(policy_text or POLICY.format(url=upstream.url, dead_port=_free_port()))
     values: dict[str, object] = {
         "database_url": url,
         "policy_path": policy,

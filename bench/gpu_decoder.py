@@ -1,0 +1,208 @@
+"""A Llama-shaped decoder over ``kernels/`` for GPU benchmarks: random weights, decode steps in a CUDA graph.
+
+Owns building random bf16 / int8 / int4 weights for a shape, one decode step written only with
+the kernels (fused residual RMSNorm, rotary + KV write, paged decode attention, SiLU-and-mul,
+weight-only matmuls; cuBLAS for bf16 linears), and capturing that step, greedy argmax and the
+advance of positions, slots and lengths included, in one CUDA graph. Does not own prefill,
+scheduling or sampling beyond argmax: that is the engine's (``selfhost``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F  # noqa: N812 (the torch convention)
+
+from kernels import reference
+from kernels.activation import silu_and_mul
+from kernels.paged_attention import paged_decode_attention
+from kernels.quant_matmul import int4_matmul, int8_matmul
+from kernels.rmsnorm import rms_norm_residual
+from kernels.rope_kv import rope_write_kv
+
+Mode = Literal["bf16", "int8", "int4"]
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """Decoder dimensions."""
+
+    hidden: int = 4096
+    layers: int = 32
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    inter: int = 14336
+    vocab: int = 128256
+    rope_theta: float = 500000.0
+    eps: float = 1e-5
+
+
+LLAMA3_8B = Shape()
+
+
+@dataclass(slots=True)
+class Layer:
+    """One decoder block's weights."""
+
+    attn_norm: torch.Tensor
+    qkv: QLinear
+    o: QLinear
+    mlp_norm: torch.Tensor
+    gate_up: QLinear
+    down: QLinear
+
+
+class QLinear:
+    """One linear layer's weight in bf16, int8 or int4 form; ``__call__`` is ``x @ W.T``."""
+
+    def __init__(self, w: torch.Tensor, mode: Mode, group: int) -> None:
+        self.mode, self.group = mode, group
+        self.n, self.k = w.shape
+        self.tensors: tuple[torch.Tensor, ...]
+        if mode == "bf16":
+            self.tensors = (w,)
+        elif mode == "int8":
+            self.tensors = reference.quantize_int8(w)
+        else:
+            self.tensors = reference.quantize_int4(w, group)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes one pass reads."""
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``(M, K) -> (M, N)``."""
+        if self.mode == "bf16":
+            return F.linear(x, self.tensors[0])
+        if self.mode == "int8":
+            return int8_matmul(x, self.tensors[0], self.tensors[1])
+        return int4_matmul(x, self.tensors[0], self.tensors[1], self.tensors[2], self.group)
+
+
+class Decoder:
+    """Random-weight decoder; ``step`` runs one decode token for every row of the batch."""
+
+    def __init__(self, shape: Shape, mode: Mode, group: int = 128, seed: int = 0, device: str = "cuda") -> None:
+        self.s, self.mode = shape, mode
+        g = torch.Generator(device=device).manual_seed(seed)
+        dev = torch.device(device)
+
+        def rand(*size: int, std: float = 0.02) -> torch.Tensor:
+            return (torch.randn(*size, generator=g, device=dev, dtype=torch.float32) * std).to(torch.bfloat16)
+
+        s = shape
+        q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        self.embed = rand(s.vocab, s.hidden)
+        self.layers: list[Layer] = []
+        for _ in range(s.layers):
+            self.layers.append(
+                Layer(
+                    attn_norm=1 + rand(s.hidden, std=0.1),
+                    qkv=QLinear(rand(q + 2 * kv, s.hidden), mode, group),
+                    o=QLinear(rand(s.hidden, q), mode, group),
+                    mlp_norm=1 + rand(s.hidden, std=0.1),
+                    gate_up=QLinear(rand(2 * s.inter, s.hidden), mode, group),
+                    down=QLinear(rand(s.hidden, s.inter), mode, group),
+                )
+            )
+        self.norm = 1 + rand(s.hidden, std=0.1)
+        self.lm_head = QLinear(rand(s.vocab, s.hidden), mode, group)
+        inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, device=dev).float() / s.head_dim))
+        ang = torch.outer(torch.arange(131072, device=dev).float(), inv)  # (P, hd/2)
+        self.cos, self.sin = ang.cos().contiguous(), ang.sin().contiguous()
+
+    def linear_bytes(self) -> int:
+        """Bytes of all linear weights (the LM head included): what one decode step must read."""
+        lin = [w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.lm_head]
+        return sum(w.nbytes for w in lin)
+
+    def linears(self) -> list[QLinear]:
+        """Every distinct-shape linear layer once (for tuning)."""
+        first = self.layers[0]
+        return [first.qkv, first.o, first.gate_up, first.down, self.lm_head]
+
+    def step(self, st: DecodeState) -> None:
+        """One decode token per row: reads ``st.ids`` etc., writes the greedy next ids and advances the state."""
+        s = self.s
+        b = st.ids.shape[0]
+        q_size, kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        x = F.embedding(st.ids, self.embed)  # (b, C)
+        res: torch.Tensor | None = None
+        for layer, (kc, vc) in zip(self.layers, st.kv, strict=True):
+            h, res = rms_norm_residual(x, res, layer.attn_norm, s.eps)
+            qkv = layer.qkv(h)  # (b, (nh + 2 nkv) hd)
+            qv = qkv[:, :q_size].view(b, s.heads, s.head_dim)
+            kv_k = qkv[:, q_size : q_size + kv_size].view(b, s.kv_heads, s.head_dim)
+            kv_v = qkv[:, q_size + kv_size :].view(b, s.kv_heads, s.head_dim)
+            rope_write_kv(qv, kv_k, kv_v, st.positions, self.cos, self.sin, kc, vc, st.slots)
+            o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5)  # (b, nh, hd)
+            x = layer.o(o.view(b, q_size))
+            h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps)
+            x = layer.down(silu_and_mul(layer.gate_up(h)))
+        h, _ = rms_norm_residual(x, res, self.norm, s.eps)
+        logits = self.lm_head(h)  # (b, V)
+        st.ids.copy_(logits.argmax(-1))
+        st.advance()
+
+
+class DecodeState:
+    """Static device buffers of one decode batch: ids, positions, slots, block tables, lengths, KV cache."""
+
+    def __init__(self, shape: Shape, batch: int, context: int, max_new: int, block_size: int = 16) -> None:
+        dev = torch.device("cuda")
+        self.block_size = block_size
+        max_blocks = -(-(context + max_new) // block_size)
+        num_blocks = batch * max_blocks
+        self.ids = torch.randint(0, shape.vocab, (batch,), device=dev)
+        self.start = context
+        # scattered, distinct blocks per row, as a paged cache hands them out
+        self.tables = torch.randperm(num_blocks, device=dev).view(batch, max_blocks).to(torch.int32)
+        self.positions = torch.full((batch,), context, device=dev, dtype=torch.long)
+        self.lens = torch.full((batch,), context + 1, device=dev, dtype=torch.int32)
+        self.slots = torch.empty(batch, device=dev, dtype=torch.long)
+        self._set_slots()
+        kv_shape = (num_blocks, block_size, shape.kv_heads, shape.head_dim)
+        # random, not zeros: the context the first `context` tokens would have written
+        self.kv = [
+            (
+                torch.randn(kv_shape, device=dev, dtype=torch.bfloat16),
+                torch.randn(kv_shape, device=dev, dtype=torch.bfloat16),
+            )
+            for _ in range(shape.layers)
+        ]
+
+    def _set_slots(self) -> None:
+        blk = self.tables.gather(1, (self.positions // self.block_size).unsqueeze(1)).squeeze(1).long()
+        self.slots.copy_(blk * self.block_size + self.positions % self.block_size)
+
+    def advance(self) -> None:
+        """Move every row to its next position (device ops only, so it can live inside a CUDA graph)."""
+        self.positions.add_(1)
+        self.lens.add_(1)
+        self._set_slots()
+
+    def reset(self) -> None:
+        """Back to the first decode position."""
+        self.positions.fill_(self.start)
+        self.lens.fill_(self.start + 1)
+        self._set_slots()
+
+
+def capture(decoder: Decoder, st: DecodeState, warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """Warm the step up (compiles kernels) and capture it in a CUDA graph."""
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            decoder.step(st)
+    torch.cuda.current_stream().wait_stream(stream)
+    st.reset()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decoder.step(st)
+    st.reset()
+    return graph

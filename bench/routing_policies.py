@@ -1,0 +1,231 @@
+"""The routing policies ``bench.routing_sim`` compares: Crossway's real router, simple baselines, an oracle.
+
+Owns how each policy orders the deployments for one request and what it learns from the outcomes.
+Does not own the simulated world (latency, load, billing: ``bench.routing_sim``) or the routing
+logic under test (``gateway.router``), which ``Crossway`` calls unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from gateway.router import Router, Workload, engine_price
+
+if TYPE_CHECKING:
+    from bench.routing_scenario import Deployment
+    from bench.routing_sim import Attempt, Simulation
+
+NOMINAL_INPUT, NOMINAL_OUTPUT = 800, 256
+Z95 = 1.6449
+"""The standard normal score of the 95th percentile."""
+"""A typical request, for the static baselines' price and latency rankings."""
+
+
+class SimPolicy:
+    """Orders deployments per request; hooks see each attempt's start, first byte, end and failure."""
+
+    name = "policy"
+    observes = False
+    """Whether the simulation should report first bytes (only policies that learn need them)."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def order(self, sim: Simulation, i: int) -> list[str]:
+        """Deployment keys to try for request ``i``, best first."""
+        raise NotImplementedError
+
+    def admit(self, sim: Simulation, key: str) -> bool:
+        """Whether an attempt may go to ``key`` now (a breaker's say)."""
+        return True
+
+    def started(self, sim: Simulation, key: str) -> None:
+        """An attempt went to ``key``."""
+
+    def first_byte(self, sim: Simulation, key: str, attempt: Attempt) -> None:
+        """An attempt on ``key`` sent its first token (``attempt.ttft`` seconds after it started)."""
+
+    def done(self, sim: Simulation, key: str, attempt: Attempt) -> None:
+        """An attempt on ``key`` finished its answer."""
+
+    def failed(self, sim: Simulation, key: str) -> None:
+        """An attempt on ``key`` failed."""
+
+    def report(self) -> dict[str, object]:
+        """Policy-specific figures for the results file."""
+        return {}
+
+
+class Static(SimPolicy):
+    """One fixed order for every request (skipping a deployment at its cap, falling over on errors)."""
+
+    def __init__(self, sim: Simulation, name: str, keys: list[str]) -> None:
+        super().__init__(sim)
+        self.name, self.keys = name, keys
+
+    def order(self, sim: Simulation, i: int) -> list[str]:
+        return self.keys
+
+
+class RoundRobin(SimPolicy):
+    """Each request starts at the next deployment in turn."""
+
+    name = "round-robin"
+
+    def __init__(self, sim: Simulation) -> None:
+        super().__init__(sim)
+        self.keys, self.turn = list(sim.deployments), 0
+
+    def order(self, sim: Simulation, i: int) -> list[str]:
+        self.turn = (self.turn + 1) % len(self.keys)
+        return self.keys[self.turn :] + self.keys[: self.turn]
+
+
+def _nominal(sim: Simulation, dep: Deployment) -> tuple[float, float]:
+    """A typical request's price and end-to-end latency on ``dep``; the engine judged half full."""
+    target = sim.targets[dep.key]
+    if dep.engine is not None:
+        half = dep.engine.slots // 2
+        tpot = dep.engine.step_s + dep.engine.step_per_seq_s * half
+        per_in, per_out = engine_price(sim.policy.providers[target.provider], tpot, half)
+        ttft = NOMINAL_INPUT * dep.engine.prefill_s_per_token + tpot
+    else:
+        price = target.price
+        per_in, per_out = (price.input / 1e6, price.output / 1e6) if price is not None else (0.0, 0.0)
+        ttft, tpot = dep.ttft_s, dep.tpot_s
+    return NOMINAL_INPUT * per_in + NOMINAL_OUTPUT * per_out, ttft + NOMINAL_OUTPUT * tpot
+
+
+def cheapest(sim: Simulation) -> Static:
+    """Always the cheapest by list price (the engine at its half-full price), the next when it is full."""
+    return Static(sim, "always-cheapest", sorted(sim.deployments, key=lambda k: _nominal(sim, sim.deployments[k])[0]))
+
+
+def fastest(sim: Simulation) -> Static:
+    """Always the fastest by nominal latency, the next when it is full."""
+    return Static(sim, "always-fastest", sorted(sim.deployments, key=lambda k: _nominal(sim, sim.deployments[k])[1]))
+
+
+class Oracle(SimPolicy):
+    """Knows each request's true latency and failure everywhere now; takes the cheapest that meets the SLO."""
+
+    name = "oracle"
+
+    def order(self, sim: Simulation, i: int) -> list[str]:
+        options = []
+        for key in sim.deployments:
+            cap = sim.targets[key].max_concurrency
+            if cap is not None and sim.in_flight[key] >= cap:
+                continue
+            attempt = sim.attempt(key, i)
+            if not attempt.ok:
+                continue
+            meets = sim.meets(i, attempt.ttft, attempt.tpot, attempt.seconds)
+            options.append((not meets, self.cost(sim, key, i, attempt.tpot), key))
+        return [key for *_, key in sorted(options)]
+
+    @staticmethod
+    def cost(sim: Simulation, key: str, i: int, tpot: float) -> float:
+        """Request ``i``'s cost on ``key``: list price, or the engine's share of its GPU at ``tpot`` now."""
+        config = sim.policy.providers[sim.targets[key].provider]
+        if config.gpu_dollars_per_hour is None:
+            return sim.api_cost(key, i)
+        # Priced like the router prices it (at its provisioned batch): priced at its current batch, an
+        # idle engine looks dearest and a greedy chooser, even a clairvoyant one, never fills it.
+        cap = sim.targets[key].max_concurrency or 1
+        per_in, per_out = engine_price(config, tpot, max(sim.in_flight[key], cap - 1))
+        return float(sim.trace.input_tokens[i] * per_in + sim.trace.output_tokens[i] * per_out)
+
+
+class OracleP95(SimPolicy):
+    """Knows each deployment's true latency distribution and error rate now, not the request's own draw.
+
+    It applies the router's rule with perfect statistics: the cheapest deployment whose true p95s meet
+    the SLO and whose error rate is at most a half, else the one with the lowest p95 TTFT. The gap from
+    ``crossway`` to it is what learning from samples costs; the gap from it to ``oracle`` is what
+    judging by p95 instead of by each request's luck costs.
+    """
+
+    name = "oracle-p95"
+
+    def order(self, sim: Simulation, i: int) -> list[str]:
+        out = int(sim.trace.output_tokens[i])
+        options = []
+        for key, dep in sim.deployments.items():
+            cap = sim.targets[key].max_concurrency
+            if cap is not None and sim.in_flight[key] >= cap:
+                continue
+            error_rate, _ = dep.incident(sim.now)
+            ttft, tpot = sim.latency(key, i, Z95, Z95)
+            _, tpot_mid = sim.latency(key, i, 0.0, 0.0)
+            meets = error_rate <= 0.5 and sim.meets(i, ttft, tpot, ttft + tpot * out)
+            options.append((not meets, Oracle.cost(sim, key, i, tpot_mid) if meets else ttft, key))
+        return [key for *_, key in sorted(options)]
+
+
+class Crossway(SimPolicy):
+    """The gateway's own ``Router``, fed what a dispatcher would observe, on the simulation's clock."""
+
+    name = "crossway"
+    observes = True
+
+    def __init__(self, sim: Simulation, seed: int, typical_output: int) -> None:
+        super().__init__(sim)
+        self.router = Router(sim.policy.routing, rng=random.Random(seed))
+        self.router.breakers.clock = lambda: sim.now
+        self.typical_output = typical_output
+        self.reasons: Counter[str] = Counter()
+
+    def order(self, sim: Simulation, i: int) -> list[str]:
+        plan = sim.plans[sim.trace.cls[i]]
+        work = Workload(int(sim.trace.input_tokens[i]), self.typical_output)
+        loads = {key: sim.engine_load(key) for key, dep in sim.deployments.items() if dep.engine is not None}
+        decision = self.router.decide(plan, work, sim.policy.providers, loads=loads)
+        self.reasons[decision.reason] += 1
+        return [t.key for t in decision.order]
+
+    def admit(self, sim: Simulation, key: str) -> bool:
+        return self.router.breakers[key].acquire(sim.now)
+
+    def started(self, sim: Simulation, key: str) -> None:
+        self.router.stats[key].in_flight += 1
+
+    # As gateway.dispatch does: the first byte is the verdict (success, TTFT sample, breaker closed);
+    # the stream's end brings its TPOT.
+    def first_byte(self, sim: Simulation, key: str, attempt: Attempt) -> None:
+        self.router.stats.record(key, ttft=attempt.ttft, ok=True, load=attempt.load)
+        self.router.breakers[key].success()
+
+    def done(self, sim: Simulation, key: str, attempt: Attempt) -> None:
+        self.router.stats[key].in_flight -= 1
+        self.router.stats.record(key, tpot=attempt.tpot, ok=None, load=attempt.load)
+
+    def failed(self, sim: Simulation, key: str) -> None:
+        self.router.stats[key].in_flight -= 1
+        self.router.stats.record(key, ok=False)
+        self.router.breakers[key].failure(sim.now)
+
+    def report(self) -> dict[str, object]:
+        return {"reasons": dict(sorted(self.reasons.items()))}
+
+
+POLICIES = ("crossway", "round-robin", "always-cheapest", "always-fastest", "oracle-p95", "oracle")
+
+
+def make_policy(name: str, sim: Simulation, seed: int, typical_output: int) -> SimPolicy:
+    """Build one of ``POLICIES`` over ``sim``."""
+    if name == "crossway":
+        return Crossway(sim, seed, typical_output)
+    if name == "round-robin":
+        return RoundRobin(sim)
+    if name == "always-cheapest":
+        return cheapest(sim)
+    if name == "always-fastest":
+        return fastest(sim)
+    if name == "oracle":
+        return Oracle(sim)
+    if name == "oracle-p95":
+        return OracleP95(sim)
+    raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")

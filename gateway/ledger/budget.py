@@ -1,0 +1,195 @@
+"""Budgets that hold under concurrency: reserve the worst case before the call, settle after.
+
+Owns the per-scope, per-month counters (``spent`` and ``reserved`` in nano-dollars) and the two
+atomic operations on them: ``reserve`` (admit a request's worst-case cost against every hard limit
+that applies, or refuse) and ``settle`` (release the reservation, add the actual cost). The Redis
+implementation does each in one Lua script, so replicas share one budget; the in-process one is
+for the embedded default (one replica). Does not own where limits come from
+(``gateway.ledger.limits``) or what a request costs (``gateway.ledger.record``).
+
+Guarantee: a request is admitted only if ``spent + reserved + its reservation <= hard`` for each of
+its scopes, atomically, and settling never raises ``spent`` by more than the actual cost. So spend
+can pass the hard limit only by what admitted requests cost beyond their reservation (none when the
+reservation is a true upper bound), and by nothing else, however many requests race.
+
+Counters start from the period's spend in the database (``seed``), once per scope and period.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from redis.asyncio import Redis
+
+PERIOD_TTL_S = 40 * 24 * 3600
+"""Redis keeps a month's counters a little longer than the month."""
+
+
+def period_of(at: datetime) -> str:
+    """The budget period (calendar month, UTC) containing ``at``: ``"2026-11"``."""
+    return at.astimezone(UTC).strftime("%Y-%m")
+
+
+def period_start(period: str) -> datetime:
+    """The first instant of a period."""
+    year, month = period.split("-")
+    return datetime(int(year), int(month), 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Why a reservation was refused: the scope whose hard limit it would pass, and that scope's state."""
+
+    scope: str
+    spent: int
+    reserved: int
+    hard: int
+
+
+class BudgetCounters(Protocol):
+    """Spent and reserved nano-dollars per (scope, period). Implementations are atomic per call."""
+
+    async def seeded(self, scope: str, period: str) -> bool:
+        """Whether the counters of ``scope`` in ``period`` were started already."""
+        ...
+
+    async def seed(self, scope: str, period: str, spent: int) -> None:
+        """Start the counters at ``spent`` unless another caller started them first."""
+        ...
+
+    async def reserve(self, scopes: Sequence[tuple[str, int | None]], period: str, amount: int) -> Refused | None:
+        """Reserve ``amount`` in every scope if none would pass its hard limit (``None``: no limit).
+
+        Returns:
+            ``None`` when reserved in all scopes; else the first scope that refused (nothing reserved).
+        """
+        ...
+
+    async def settle(self, scopes: Sequence[str], period: str, reserved: int, actual: int) -> None:
+        """Release ``reserved`` and add ``actual`` to spent, in every scope."""
+        ...
+
+    async def state(self, scope: str, period: str) -> tuple[int, int]:
+        """``(spent, reserved)``."""
+        ...
+
+
+class MemoryCounters:
+    """In-process counters for one replica (the embedded default).
+
+    No method awaits anything, so each is atomic on the event loop.
+    """
+
+    def __init__(self) -> None:
+        self._c: dict[tuple[str, str], list[int]] = {}
+
+    async def seeded(self, scope: str, period: str) -> bool:  # noqa: D102
+        return (scope, period) in self._c
+
+    async def seed(self, scope: str, period: str, spent: int) -> None:  # noqa: D102
+        self._c.setdefault((scope, period), [spent, 0])
+
+    async def reserve(  # noqa: D102
+        self, scopes: Sequence[tuple[str, int | None]], period: str, amount: int
+    ) -> Refused | None:
+        for scope, hard in scopes:
+            spent, reserved = self._c.setdefault((scope, period), [0, 0])
+            if hard is not None and spent + reserved + amount > hard:
+                return Refused(scope, spent, reserved, hard)
+        for scope, _ in scopes:
+            self._c[(scope, period)][1] += amount
+        return None
+
+    async def settle(self, scopes: Sequence[str], period: str, reserved: int, actual: int) -> None:  # noqa: D102
+        for scope in scopes:
+            c = self._c.setdefault((scope, period), [0, 0])
+            c[0] += actual
+            c[1] -= reserved
+
+    async def state(self, scope: str, period: str) -> tuple[int, int]:  # noqa: D102
+        spent, reserved = self._c.get((scope, period), (0, 0))
+        return spent, reserved
+
+
+_RESERVE = """
+local amount = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  local hard = tonumber(ARGV[i + 2])
+  if hard >= 0 then
+    local spent = tonumber(redis.call('HGET', key, 'spent') or '0')
+    local reserved = tonumber(redis.call('HGET', key, 'reserved') or '0')
+    if spent + reserved + amount > hard then
+      return {i, spent, reserved}
+    end
+  end
+end
+for _, key in ipairs(KEYS) do
+  redis.call('HINCRBY', key, 'reserved', amount)
+  redis.call('EXPIRE', key, ARGV[2])
+end
+return {0, 0, 0}
+"""
+
+_SETTLE = """
+for _, key in ipairs(KEYS) do
+  redis.call('HINCRBY', key, 'reserved', -tonumber(ARGV[1]))
+  redis.call('HINCRBY', key, 'spent', tonumber(ARGV[2]))
+  redis.call('EXPIRE', key, ARGV[3])
+end
+return 1
+"""
+
+_SEED = """
+if redis.call('HSETNX', KEYS[1], 'seeded', 1) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'spent', tonumber(ARGV[1]))
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+end
+return 1
+"""
+
+
+class RedisCounters:
+    """Counters in Redis hashes ``<prefix>:<period>:<scope>``, shared by every replica.
+
+    Each operation is one Lua script, so checks and increments across a request's scopes are atomic.
+    """
+
+    def __init__(self, redis: Redis, prefix: str = "crossway:budget") -> None:
+        self._redis = redis
+        self._prefix = prefix
+        self._reserve = redis.register_script(_RESERVE)
+        self._settle = redis.register_script(_SETTLE)
+        self._seed = redis.register_script(_SEED)
+
+    def _key(self, scope: str, period: str) -> str:
+        return f"{self._prefix}:{period}:{scope}"
+
+    async def seeded(self, scope: str, period: str) -> bool:  # noqa: D102
+        return bool(await self._redis.hexists(self._key(scope, period), "seeded"))
+
+    async def seed(self, scope: str, period: str, spent: int) -> None:  # noqa: D102
+        await self._seed(keys=[self._key(scope, period)], args=[spent, PERIOD_TTL_S])
+
+    async def reserve(  # noqa: D102
+        self, scopes: Sequence[tuple[str, int | None]], period: str, amount: int
+    ) -> Refused | None:
+        keys = [self._key(s, period) for s, _ in scopes]
+        hards = [-1 if h is None else h for _, h in scopes]
+        index, spent, reserved = await self._reserve(keys=keys, args=[amount, PERIOD_TTL_S, *hards])
+        if int(index) == 0:
+            return None
+        scope, hard = scopes[int(index) - 1]
+        return Refused(scope, int(spent), int(reserved), hard or 0)
+
+    async def settle(self, scopes: Sequence[str], period: str, reserved: int, actual: int) -> None:  # noqa: D102
+        if scopes:
+            await self._settle(keys=[self._key(s, period) for s in scopes], args=[reserved, actual, PERIOD_TTL_S])
+
+    async def state(self, scope: str, period: str) -> tuple[int, int]:  # noqa: D102
+        values = await self._redis.hmget(self._key(scope, period), ["spent", "reserved"])
+        return int(values[0] or 0), int(values[1] or 0)

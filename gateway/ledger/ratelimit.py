@@ -1,0 +1,228 @@
+"""Requests and tokens per minute, per tenant and per key, with ``Retry-After`` and ``x-ratelimit-*``.
+
+Owns the sliding-window counters (this minute's count plus last minute's, weighted by how much of
+last minute still lies inside the 60 s window; Cloudflare's approximation, exact at window edges and
+within a few percent in between), the atomic check-and-charge over every rule of a request, the
+retry delay of a refusal and the response headers. Tokens are charged at admission as the prompt
+estimate plus the allowed output, then corrected to the actual count when the request ends. The
+Redis implementation does check-and-charge in one Lua script, so replicas share the limits; the
+in-process one serves the embedded default. Does not own where the limits are configured
+(``gateway.ledger.limits``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from gateway.errors import RateLimited
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from redis.asyncio import Redis
+
+WINDOW_S = 60
+Kind = Literal["requests", "tokens"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One limit: at most ``limit`` requests (or tokens) per minute for ``scope`` (``t:<tenant>``, ``k:<id>``)."""
+
+    scope: str
+    kind: Kind
+    limit: int
+
+
+class Counts(Protocol):
+    """Per-minute counters. ``charge`` is atomic over all its checks."""
+
+    async def charge(self, keys: Sequence[str], window: int, weight: float, checks: Sequence[tuple[int, int]]) -> tuple[bool, list[tuple[int, int]]]:  # fmt: skip
+        """Charge ``cost`` to each key's count in ``window`` if every ``(limit, cost)`` check passes.
+
+        Returns:
+            Whether charged, and each key's ``(this window, previous window)`` counts before charging.
+        """
+        ...
+
+    async def adjust(self, key: str, window: int, delta: int) -> None:
+        """Add ``delta`` (may be negative) to a key's count in ``window``."""
+        ...
+
+
+class MemoryCounts:
+    """In-process counters (the embedded default); each call runs without awaiting, hence atomically."""
+
+    def __init__(self) -> None:
+        self._c: dict[str, list[int]] = {}  # key -> [window, this window's count, previous window's count]
+
+    def _get(self, key: str, window: int) -> list[int]:
+        c = self._c.get(key)
+        if c is None:
+            c = self._c[key] = [window, 0, 0]
+        elif c[0] != window:
+            c[2] = c[1] if c[0] == window - 1 else 0
+            c[0], c[1] = window, 0
+        return c
+
+    async def charge(self, keys: Sequence[str], window: int, weight: float, checks: Sequence[tuple[int, int]]) -> tuple[bool, list[tuple[int, int]]]:  # noqa: D102  # fmt: skip
+        counts = [self._get(k, window) for k in keys]
+        before = [(c[1], c[2]) for c in counts]
+        ok = all(prev * weight + cur + cost <= limit for (cur, prev), (limit, cost) in zip(before, checks, strict=True))
+        if ok:
+            for c, (_, cost) in zip(counts, checks, strict=True):
+                c[1] += cost
+        return ok, before
+
+    async def adjust(self, key: str, window: int, delta: int) -> None:  # noqa: D102
+        c = self._c.get(key)
+        if c is not None and c[0] == window:
+            c[1] += delta
+
+
+_CHARGE = """
+local w = tonumber(ARGV[1]) / 1000000
+local n = #KEYS / 2
+local out = {1}
+for i = 1, n do
+  local cur = tonumber(redis.call('GET', KEYS[2 * i - 1]) or '0')
+  local prev = tonumber(redis.call('GET', KEYS[2 * i]) or '0')
+  if prev * w + cur + tonumber(ARGV[2 * i + 2]) > tonumber(ARGV[2 * i + 1]) then out[1] = 0 end
+  out[2 * i] = cur
+  out[2 * i + 1] = prev
+end
+if out[1] == 1 then
+  for i = 1, n do
+    redis.call('INCRBY', KEYS[2 * i - 1], ARGV[2 * i + 2])
+    redis.call('EXPIRE', KEYS[2 * i - 1], ARGV[2])
+  end
+end
+return out
+"""
+
+
+class RedisCounts:
+    """Counters in Redis strings ``<prefix>:<key>:<window>``, shared by every replica."""
+
+    def __init__(self, redis: Redis, prefix: str = "crossway:rl") -> None:
+        self._redis = redis
+        self._prefix = prefix
+        self._charge = redis.register_script(_CHARGE)
+
+    async def charge(self, keys: Sequence[str], window: int, weight: float, checks: Sequence[tuple[int, int]]) -> tuple[bool, list[tuple[int, int]]]:  # noqa: D102  # fmt: skip
+        rkeys: list[str] = []
+        args: list[int] = [round(weight * 1_000_000), 3 * WINDOW_S]
+        for key, (limit, cost) in zip(keys, checks, strict=True):
+            rkeys += [f"{self._prefix}:{key}:{window}", f"{self._prefix}:{key}:{window - 1}"]
+            args += [limit, cost]
+        out = await self._charge(keys=rkeys, args=args)
+        return int(out[0]) == 1, [(int(out[1 + 2 * i]), int(out[2 + 2 * i])) for i in range(len(keys))]
+
+    async def adjust(self, key: str, window: int, delta: int) -> None:  # noqa: D102
+        if delta:
+            await self._redis.incrby(f"{self._prefix}:{key}:{window}", delta)
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """Where one rule stands after a request was admitted (for the ``x-ratelimit-*`` headers)."""
+
+    rule: Rule
+    remaining: int
+    reset_s: float
+    """Seconds until everything counted now has left the window."""
+
+
+@dataclass(slots=True)
+class Charged:
+    """What an admitted request was charged, so that ``settle`` can correct its tokens."""
+
+    window: int
+    token_keys: list[str] = field(default_factory=list)
+    tokens: int = 0
+    standings: list[Standing] = field(default_factory=list)
+
+    def headers(self) -> dict[str, str]:
+        """OpenAI-style ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` of the tightest rule per kind."""
+        out: dict[str, str] = {}
+        for kind in ("requests", "tokens"):
+            mine = [s for s in self.standings if s.rule.kind == kind]
+            if mine:
+                tightest = min(mine, key=lambda s: s.remaining)
+                out[f"x-ratelimit-limit-{kind}"] = str(tightest.rule.limit)
+                out[f"x-ratelimit-remaining-{kind}"] = str(tightest.remaining)
+                out[f"x-ratelimit-reset-{kind}"] = f"{tightest.reset_s:.3g}s"
+        return out
+
+
+class RateLimiter:
+    """Checks and charges a request against its rules.
+
+    Args:
+        counts: Where the per-minute counts live (``MemoryCounts`` or ``RedisCounts``).
+        clock: Wall-clock seconds (windows are aligned to it, so replicas agree); injectable for tests.
+    """
+
+    def __init__(self, counts: Counts, clock: Callable[[], float] = time.time) -> None:
+        self._counts = counts
+        self._clock = clock
+
+    async def acquire(self, rules: Sequence[Rule], tokens: int) -> Charged:
+        """Charge one request and ``tokens`` against ``rules``, or refuse it.
+
+        Raises:
+            RateLimited: a rule would be exceeded; ``retry_after`` says when this request would fit,
+                ``None`` when it never can (more tokens than the per-minute limit).
+        """
+        now = self._clock()
+        window = int(now // WINDOW_S)
+        elapsed = now - window * WINDOW_S
+        weight = 1.0 - elapsed / WINDOW_S
+        keys = [f"{r.scope}:{r.kind}" for r in rules]
+        costs = [1 if r.kind == "requests" else tokens for r in rules]
+        for rule, cost in zip(rules, costs, strict=True):
+            if cost > rule.limit:
+                raise RateLimited(
+                    f"Request too large for `{rule.scope}`: {cost} {rule.kind} per minute asked, limit {rule.limit}.",
+                    code=f"{rule.kind}_exceed_limit",
+                )
+        ok, before = await self._counts.charge(
+            keys, window, weight, list(zip((r.limit for r in rules), costs, strict=True))
+        )
+        if not ok:
+            waits = [
+                (_wait(rule.limit, cost, cur, prev, elapsed), rule)
+                for rule, cost, (cur, prev) in zip(rules, costs, before, strict=True)
+                if prev * weight + cur + cost > rule.limit
+            ]
+            wait, rule = max(waits, key=lambda w: w[0])
+            raise RateLimited(
+                f"Rate limit reached for `{rule.scope}`: {rule.limit} {rule.kind} per minute. "
+                f"Try again in {wait:.1f}s.",
+                retry_after=wait,
+                code=f"rate_limit_{rule.kind}",
+            )
+        charged = Charged(window, [k for k, r in zip(keys, rules, strict=True) if r.kind == "tokens"], tokens)
+        for rule, cost, (cur, prev) in zip(rules, costs, before, strict=True):
+            used = prev * weight + cur + cost
+            reset = (WINDOW_S - elapsed) + (WINDOW_S if cur + cost else 0.0) if (cur + cost or prev) else 0.0
+            charged.standings.append(Standing(rule, max(0, math.floor(rule.limit - used)), reset))
+        return charged
+
+    async def settle(self, charged: Charged, actual_tokens: int) -> None:
+        """Correct the tokens charged at admission to what the request actually used."""
+        delta = actual_tokens - charged.tokens
+        if delta:
+            for key in charged.token_keys:
+                await self._counts.adjust(key, charged.window, delta)
+
+
+def _wait(limit: int, cost: int, cur: int, prev: int, elapsed: float) -> float:
+    """Seconds until a request of ``cost`` fits under ``limit`` if nothing else is charged meanwhile."""
+    if cur + cost > limit:  # this minute alone is too full: wait for it to become "last minute" and decay
+        decay = WINDOW_S * (1 - (limit - cost) / cur) if cur else 0.0
+        return (WINDOW_S - elapsed) + max(decay, 0.0)
+    return max(WINDOW_S * (1 - (limit - cur - cost) / prev) - elapsed, 0.0) if prev else 0.0

@@ -1,0 +1,117 @@
+"""Helpers shared by the kernel launchers: argument checks, interpreter detection, small math.
+
+Owns nothing numeric; each op's kernel and launcher live in their own file. Imports only torch and
+triton (the ``kernels`` dependency rule).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # triton is optional on CPU-only installs; the reference ops then stay the only path
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where triton is absent
+    triton = None
+    tl = None
+
+__all__ = [
+    "HAS_TRITON",
+    "can_launch",
+    "check",
+    "check_dtype",
+    "check_last_contiguous",
+    "dot_in_fp32",
+    "interpreting",
+    "next_pow2",
+    "num_sms",
+    "tl",
+    "triton",
+]
+
+HAS_TRITON = triton is not None
+"""Whether triton imports here (the launchers need it; the references do not)."""
+
+
+# NOTE(h7): read once, at import: ``triton.jit`` decides at decoration time whether a kernel is
+# interpreted, so a later change of the variable must not make launchers think otherwise.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def interpreting() -> bool:
+    """Whether kernels were built for Triton's CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
+    return _INTERPRET
+
+
+def can_launch(*tensors: torch.Tensor) -> bool:
+    """Whether a Triton kernel can run over these tensors: on CUDA, or on the CPU under the interpreter."""
+    if not HAS_TRITON:
+        return False
+    on_cuda = all(t.is_cuda for t in tensors)
+    return on_cuda or (interpreting() and all(t.device.type == "cpu" for t in tensors))
+
+
+def check(cond: bool, msg: str) -> None:
+    """Raise ``ValueError(msg)`` when ``cond`` is false (launchers validate before launching)."""
+    if not cond:
+        raise ValueError(msg)
+
+
+def check_dtype(name: str, t: torch.Tensor, *dtypes: torch.dtype) -> None:
+    """Raise unless ``t`` has one of ``dtypes``."""
+    check(t.dtype in dtypes, f"{name} must be one of {dtypes}, got {t.dtype}")
+
+
+def check_last_contiguous(name: str, t: torch.Tensor) -> None:
+    """Raise unless the last dim of ``t`` is unit-stride (the kernels vectorise along it)."""
+    check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (and >= 1)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device; a nominal 8 for the CPU interpreter (only grid shapes depend on it)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 8
+
+
+def dot_in_fp32() -> bool:
+    """Whether ``tl.dot`` operands must be widened to fp32 first.
+
+    NOTE(h7): triton 3.6's interpreter returns garbage for ``tl.dot`` on bf16 operands (checked:
+    errors of 1e10 on a 16x16 product), so under the interpreter the kernels widen them; on the GPU
+    they stay bf16 for the tensor cores.
+    """
+    return interpreting()
+
+
+def _patch_interpreter_index() -> None:
+    """Let the CPU interpreter use run-time scalars as loop bounds under NumPy >= 2.4.
+
+    NOTE(h7): triton 3.6's interpreter holds scalars as 1-element arrays and converts them with
+    ``int(array)``, which NumPy 2.4 rejects ("only 0-dimensional arrays can be converted"), so every
+    ``range(start, end)`` over run-time values fails there. This wraps its tensor patching to
+    convert through ``.reshape(-1)[0]``; it touches only the interpreter, never compiled kernels.
+    """
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_crossway_patched", False):
+        return
+
+    def patched(tensor: type, scope: object) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))  # type: ignore[attr-defined]
+
+    patched._crossway_patched = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
+
+
+if HAS_TRITON and _INTERPRET:
+    _patch_interpreter_index()

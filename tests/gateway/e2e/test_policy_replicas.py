@@ -1,0 +1,129 @@
+"""Two gateway processes sharing PostgreSQL and Redis: a policy edit made on one is in force on both.
+
+Each test run gets its own PostgreSQL database (created and dropped here) so that migrations and
+policy versions never meet another run's. The gateways are real ``crossway serve`` processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+import asyncpg
+import httpx
+import openai
+import pytest
+
+from tests.gateway.e2e.conftest import ADMIN_KEY, PROVIDER_KEYS, _free_port
+from tests.gateway.e2e.test_quickstart import _wait_ready
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from tests.fakes.upstream import FakeUpstream
+
+POSTGRES = os.environ.get("CROSSWAY_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432")
+REDIS_URL = os.environ.get("CROSSWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+POLICY = """
+providers:
+  openai: {{kind: openai, base_url: "{url}/v1", api_key_env: OPENAI_API_KEY}}
+  anthropic: {{kind: anthropic, base_url: "{url}", api_key_env: ANTHROPIC_API_KEY}}
+routing: {{explore_share: 0}}
+models:
+  chat:
+    targets:
+      - {{provider: openai, model: gpt-4o-mini, price: {{input: {openai_price}, output: {openai_price}}}}}
+      - {{provider: anthropic, model: claude-haiku-4-5, price: {{input: 1, output: 5}}}}
+"""
+
+
+async def _database(statement: str) -> None:
+    conn = await asyncpg.connect(f"{POSTGRES}/test")
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def shared_database() -> Iterator[str]:
+    name = f"crossway_replicas_{uuid.uuid4().hex[:10]}"
+    asyncio.run(_database(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{POSTGRES}/{name}"
+    finally:
+        asyncio.run(_database(f'DROP DATABASE "{name}" WITH (FORCE)'))
+
+
+def _serve(tmp_path: Path, database_url: str, policy: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    env = {
+        **os.environ,
+        **PROVIDER_KEYS,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": REDIS_URL,
+        "CROSSWAY_POLICY": str(policy),
+        "CROSSWAY_ADMIN_KEY": ADMIN_KEY,
+        "CROSSWAY_POLICY_POLL_S": "30",  # so that only the Redis announcement can explain a quick switch
+    }
+    proc = subprocess.Popen(  # noqa: S603 - our own console script, fixed arguments
+        [sys.executable, "-c", "from gateway.cli import main; raise SystemExit(main())", "serve", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    _wait_ready(url, proc)
+    return proc, url
+
+
+def test_policy_edit_on_one_replica_takes_effect_on_the_other(
+    tmp_path: Path, upstream: FakeUpstream, shared_database: str
+):
+    policy = tmp_path / "shared.yaml"
+    policy.write_text(POLICY.format(url=upstream.url, openai_price=0.1))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        first, a = _serve(tmp_path, shared_database, policy)
+        procs.append(first)
+        second, b = _serve(tmp_path, shared_database, policy)
+        procs.append(second)
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        key = httpx.post(f"{a}/admin/keys", json={"tenant": "acme"}, headers=admin).json()["key"]
+        clients = [openai.OpenAI(base_url=f"{u}/v1", api_key=key, max_retries=0) for u in (a, b)]
+
+        def served(client: openai.OpenAI) -> str:
+            raw = client.chat.completions.with_raw_response.create(
+                model="chat", messages=[{"role": "user", "content": "hi"}]
+            )
+            return raw.headers["x-crossway-deployment"]
+
+        assert [served(c) for c in clients] == ["openai/gpt-4o-mini"] * 2
+        saved = httpx.put(
+            f"{a}/admin/policies/shared",
+            json={"body": POLICY.format(url=upstream.url, openai_price=50), "author": "ops"},
+            headers=admin,
+        )
+        assert saved.status_code == 200, saved.text
+        assert served(clients[0]) == "anthropic/claude-haiku-4-5"  # the replica that saved: at once
+        deadline = time.monotonic() + 5  # the other: as soon as the Redis announcement arrives
+        while httpx.get(f"{b}/admin/policies", headers=admin).json()["serving"]["version"] != 2:
+            assert time.monotonic() < deadline, "the second replica never took the edit"
+            time.sleep(0.05)
+        assert served(clients[1]) == "anthropic/claude-haiku-4-5"
+        for client in clients:
+            client.close()
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            proc.wait(timeout=20)

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gateway.errors import RateLimited
+from gateway.ledger import Limits
+from gateway.ledger.ratelimit import RateLimiter, Rule
+from gateway.policy import Plan, Price, Target
+from tests.gateway.ledger.conftest import ACME
+from tests.gateway.ledger.helpers import make_ledger, rows
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+T0 = 1_800_000_000.0  # a window boundary (divisible by 60)
+
+
+async def test_requests_per_minute_refuses_the_extra_request_with_retry_after(rate_counts) -> None:
+    clock = Clock(T0 + 30)
+    limiter = RateLimiter(rate_counts, clock)
+    rules = [Rule("t:acme", "requests", 3)]
+    for _ in range(3):
+        await limiter.acquire(rules, 0)
+    with pytest.raises(RateLimited) as info:
+        await limiter.acquire(rules, 0)
+    assert info.value.status_code == 429
+    # this minute alone is full: wait 30 s for it to end, then for a third of it to decay (3 -> 2)
+    assert info.value.retry_after == pytest.approx(30 + 20)
+    assert info.value.code == "rate_limit_requests"
+
+
+async def test_sliding_window_counts_last_minute_weighted_by_its_overlap(rate_counts) -> None:
+    clock = Clock(T0 + 10)
+    limiter = RateLimiter(rate_counts, clock)
+    rules = [Rule("k:1", "requests", 4)]
+    for _ in range(4):
+        await limiter.acquire(rules, 0)
+    clock.now = T0 + 60 + 30  # next minute, half way: last minute counts 4 * 0.5 = 2
+    await limiter.acquire(rules, 0)
+    await limiter.acquire(rules, 0)
+    with pytest.raises(RateLimited):
+        await limiter.acquire(rules, 0)
+    clock.now = T0 + 60 + 46  # 4 * (14/60) + 2 = 2.93: one more fits
+    charged = await limiter.acquire(rules, 0)
+    assert charged.headers()["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_tokens_per_minute_charges_estimate_and_settles_to_actual(rate_counts) -> None:
+    clock = Clock(T0 + 5)
+    limiter = RateLimiter(rate_counts, clock)
+    rules = [Rule("t:acme", "tokens", 1000)]
+    first = await limiter.acquire(rules, 800)
+    with pytest.raises(RateLimited):
+        await limiter.acquire(rules, 300)
+    await limiter.settle(first, 100)  # it used far less than its estimate
+    second = await limiter.acquire(rules, 300)
+    headers = second.headers()
+    assert headers["x-ratelimit-limit-tokens"] == "1000"
+    assert headers["x-ratelimit-remaining-tokens"] == "600"
+
+
+async def test_request_larger_than_the_token_limit_is_refused_without_retry_after(rate_counts) -> None:
+    limiter = RateLimiter(rate_counts, Clock(T0))
+    with pytest.raises(RateLimited) as info:
+        await limiter.acquire([Rule("t:acme", "tokens", 100)], 101)
+    assert info.value.retry_after is None
+    assert info.value.code == "tokens_exceed_limit"
+
+
+async def test_refusal_by_one_rule_charges_no_other_rule(rate_counts) -> None:
+    limiter = RateLimiter(rate_counts, Clock(T0 + 1))
+    tenant, key = Rule("t:acme", "requests", 10), Rule("k:1", "requests", 1)
+    await limiter.acquire([tenant, key], 0)
+    with pytest.raises(RateLimited):
+        await limiter.acquire([tenant, key], 0)
+    charged = await limiter.acquire([tenant], 0)
+    assert charged.headers()["x-ratelimit-remaining-requests"] == "8"  # 2 charged, not 3
+
+
+async def test_ledger_applies_key_limits_and_records_the_refusal(sqlite_db) -> None:
+    ledger = make_ledger(sqlite_db, rate_clock=Clock(T0 + 1))
+    await ledger.start()
+    await ledger.limits.put(Limits("acme", key_id=ACME.key_id, rpm=1))
+    plan = Plan("gpt-test", (Target("openai", "gpt-4o-mini", price=Price(1, 1)),))
+
+    async def admit(rid: str):
+        return await ledger.admit(ACME, plan, request_id=rid, endpoint="chat.completions", started=time.perf_counter(),
+                                  streamed=False, input_tokens=lambda: 10, max_output_tokens=10)  # fmt: skip
+
+    admission, _ = await admit("ok")
+    assert admission.headers()["x-ratelimit-limit-requests"] == "1"
+    with pytest.raises(RateLimited):
+        await admit("limited")
+    await ledger.aclose()
+    assert [(r.request_id, r.status) for r in await rows(sqlite_db) if r.request_id == "limited"] == [("limited", 429)]

@@ -1,0 +1,45 @@
+"""The self-hosted engine's own load (queue depth, free KV cache) in the routing decision."""
+
+import dataclasses
+
+from gateway.policy import Plan, Price, ProviderConfig, RoutingOptions, SloClass, Target
+from gateway.router import KV_RESERVE, Workload, route
+from gateway.stats import EngineLoad, Observed
+
+INTERACTIVE = SloClass("interactive", ttft_p95_ms=800, tpot_p95_ms=60)
+CONFIGS = {
+    "api": ProviderConfig("api", "openai", "http://127.0.0.1:9", "k", 60.0, 5.0),
+    "gpu": ProviderConfig(
+        "gpu", "selfhost", "http://127.0.0.1:9", None, 60.0, 5.0, key_required=False, gpu_dollars_per_hour=2.0
+    ),
+}
+ENGINE = Target("gpu", "smollm2")
+API = Target("api", "gpt", Price(1.0, 4.0))
+FAST_ENGINE = Observed(0.1, 0.15, 0.005, 0.008, 0.0, 2, 50)
+FAST_API = Observed(0.3, 0.4, 0.02, 0.03, 0.0, 0, 50)
+
+
+def _decide(engine: EngineLoad | None):
+    observed = {ENGINE.key: dataclasses.replace(FAST_ENGINE, engine=engine), API.key: FAST_API}
+    plan = Plan("m", (ENGINE, API), (), INTERACTIVE)
+    return route(plan, observed, {}, Workload(500, 100), CONFIGS, RoutingOptions(), (0.999, 0.0))
+
+
+def test_idle_engine_is_chosen_over_the_dearer_api():
+    decision = _decide(EngineLoad(waiting=0, running=2, kv_free=0.9))
+    assert [t.key for t in decision.order] == ["gpu/smollm2", "api/gpt"]
+
+
+def test_each_queued_request_adds_a_median_ttft_and_a_long_queue_drops_the_engine():
+    decision = _decide(EngineLoad(waiting=7, running=16, kv_free=0.5))
+    engine = next(c for c in decision.candidates if c.target == ENGINE)
+    assert engine.ttft_s == 0.15 + 7 * 0.1
+    assert not engine.qualified and "TTFT p95 850 ms > 800 ms" in engine.reason
+    assert [t.key for t in decision.order] == ["api/gpt", "gpu/smollm2"]
+
+
+def test_engine_with_its_kv_cache_nearly_full_is_not_qualified():
+    decision = _decide(EngineLoad(waiting=0, running=16, kv_free=KV_RESERVE / 2))
+    engine = next(c for c in decision.candidates if c.target == ENGINE)
+    assert not engine.qualified and "KV cache" in engine.reason
+    assert decision.order[0] == API

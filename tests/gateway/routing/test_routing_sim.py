@@ -1,0 +1,56 @@
+"""The routing simulation on tiny traces: its bookkeeping, not its timings or who wins."""
+
+import dataclasses
+
+import pytest
+from bench.routing_policies import POLICIES, make_policy
+from bench.routing_scenario import POLICY_YAML, SCENARIO, Incident, make_trace
+from bench.routing_sim import TYPICAL_OUTPUT, Simulation, simulate
+
+from gateway.policy import parse_policy
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return simulate(seed=3, hours=0.5, peak_rps=2.0)
+
+
+def test_simulation_accounts_for_every_request_under_every_policy(tiny):
+    assert tiny["requests"] > 100
+    assert set(tiny["policies"]) == set(POLICIES)
+    for name, f in tiny["policies"].items():
+        assert f["requests"] == tiny["requests"], name
+        assert f["served"] + f["failed"] == f["requests"], name
+        assert sum(f["by_deployment"].values()) == f["served"], name
+        assert 0 <= f["slo_met"] <= f["served"], name
+        assert f["attempts"] >= f["served"], name
+        assert all(0.0 <= a <= 1.0 for a in f["attainment_by_class"].values()), name
+
+
+def test_simulation_costs_are_non_negative_and_add_up(tiny):
+    for name, f in tiny["policies"].items():
+        assert f["api_cost_usd"] >= 0 and f["engine_cost_usd"] >= 0, name
+        assert f["cost_usd"] == pytest.approx(f["api_cost_usd"] + f["engine_cost_usd"]), name
+    assert tiny["policies"]["always-fastest"]["by_deployment"] == {"premium/llama": tiny["requests"]}
+    assert tiny["policies"]["always-fastest"]["engine_cost_usd"] == 0.0
+
+
+def test_simulation_is_deterministic_for_a_seed(tiny):
+    again = simulate(seed=3, hours=0.5, peak_rps=2.0)
+
+    def strip(run):
+        return {n: {k: v for k, v in f.items() if k != "runtime_s"} for n, f in run["policies"].items()}
+
+    assert strip(again) == strip(tiny)
+    assert make_trace(4, 0.5, 2.0, 4).arrival.tolist() != make_trace(3, 0.5, 2.0, 4).arrival.tolist()
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_simulation_counts_requests_failed_when_every_deployment_fails(name):
+    broken = tuple(dataclasses.replace(d, incidents=(Incident(0.0, 24.0, error_rate=1.0),)) for d in SCENARIO)
+    trace = make_trace(5, 0.1, 1.0, len(broken))
+    sim = Simulation(trace, parse_policy(POLICY_YAML, {}), broken)
+    tally = sim.run(make_policy(name, sim, 5, TYPICAL_OUTPUT))
+    assert tally.failed == trace.arrival.size
+    assert tally.served == {} and tally.met == {} and tally.api_cost == 0.0
+    assert sim.in_flight == dict.fromkeys(sim.deployments, 0)

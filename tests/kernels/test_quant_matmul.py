@@ -1,0 +1,104 @@
+"""Weight-only int8 / int4 matmul (GEMV and tiled paths, split-K) against ``kernels.reference``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import reference
+from kernels.quant_matmul import Config, int4_matmul, int8_matmul
+from selfhost.models import quant
+from tests.kernels.conftest import ON_GPU
+
+# (M, N, K): odd N everywhere; K not a multiple of the loop step for int8
+INT8_SHAPES = (
+    [(1, 4099, 4096), (3, 1027, 14336), (17, 4096, 4100), (64, 6144, 4096)]
+    if ON_GPU
+    else [(1, 33, 72), (3, 17, 40), (20, 33, 72)]
+)
+INT4_SHAPES = (
+    [(1, 4099, 4096), (3, 1027, 14336), (17, 4096, 4096), (64, 6144, 4096)]
+    if ON_GPU
+    else [(1, 33, 192), (3, 17, 64), (20, 33, 192)]
+)
+CPU_CONFIGS = [
+    None,
+    Config("gemv", block_n=16, block_k=32, split_k=2),
+    Config("gemv", block_n=16, block_k=16, split_k=1),
+    Config("tiled", block_n=16, block_k=16, split_k=1, block_m=16),
+    Config("tiled", block_n=16, block_k=16, split_k=3, block_m=16),
+]
+GPU_CONFIGS = [
+    None,
+    Config("gemv", 32, 256, 4),
+    Config("gemv", 32, 64, 2),
+    Config("tiled", 64, 32, 1),
+    Config("tiled", 64, 32, 4),
+]
+CONFIGS = GPU_CONFIGS if ON_GPU else CPU_CONFIGS
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+@pytest.mark.parametrize("shape", INT8_SHAPES)
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_int8_matmul_matches_reference(device, shape, config, dtype):
+    m, n, k = shape
+    qw, s = reference.quantize_int8(torch.randn(n, k))
+    x = torch.randn(m, k, dtype=dtype)
+    out = int8_matmul(x.to(device), qw.to(device), s.to(device), config=config)
+    ref = reference.int8_matmul(x.float(), qw, s)
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert _rel_err(out.cpu(), ref) < (1e-2 if dtype == torch.bfloat16 else 1e-3)
+
+
+@pytest.mark.parametrize("shape", INT4_SHAPES)
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("group", [32, 64] if ON_GPU else [16, 32])
+def test_int4_matmul_matches_reference(device, shape, config, group):
+    m, n, k = shape
+    if config is not None and config.path == "gemv" and config.block_k % group:
+        pytest.skip("GEMV block_k must be a multiple of the group size")
+    if config is not None and config.path == "tiled" and group % config.block_k:
+        pytest.skip("tiled block_k must divide the group size")
+    if k % (2 * group):
+        pytest.skip("K must be a multiple of 2 * group")
+    packed, s, z = reference.quantize_int4(torch.randn(n, k), group)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(m, k, dtype=dtype)
+        out = int4_matmul(x.to(device), packed.to(device), s.to(device), z.to(device), group, config=config)
+        ref = reference.int4_matmul(x.float(), packed, s, z, group)
+        assert out.shape == (m, n) and out.dtype == dtype
+        assert _rel_err(out.cpu(), ref) < (1e-2 if dtype == torch.bfloat16 else 1e-3)
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_quantize_int4_values_equal_cpu_engine_int4(group):
+    """The GPU layout holds the very values the CPU engine's int4 weight holds (only the packing differs)."""
+    w = torch.randn(48, 4 * group)
+    packed, s, z = reference.quantize_int4(w, group)
+    torch.testing.assert_close(
+        reference.dequantize_int4(packed, s, z, group), quant.dequantize(quant.quantize_int4(w, group)), atol=0, rtol=0
+    )
+
+
+def test_quantize_int8_equals_cpu_engine_int8():
+    w = torch.randn(24, 40)
+    q, s = reference.quantize_int8(w)
+    cpu = quant.quantize_int8(w)
+    assert torch.equal(q, cpu.qweight) and torch.equal(s, cpu.scales)
+
+
+def test_int4_matmul_rejects_group_not_dividing_half_k(device):
+    packed, s, z = reference.quantize_int4(torch.randn(16, 64), 32)
+    x = torch.randn(1, 48, device=device)  # K = 48 is not a multiple of 2 * 32
+    with pytest.raises(ValueError, match="multiple of 2 \\* group_size"):
+        int4_matmul(x, packed[:, :24].contiguous().to(device), s.to(device), z.to(device), 32)
+
+
+def test_int8_matmul_rejects_float_weight(device):
+    with pytest.raises(ValueError, match="qweight must be one of"):
+        int8_matmul(torch.randn(1, 8, device=device), torch.randn(4, 8, device=device), torch.ones(4, device=device))
