@@ -18,6 +18,7 @@ import json
 import statistics
 import time
 from dataclasses import asdict
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -69,11 +70,14 @@ def candidates(kind: Literal["int8", "int4"], m: int, group: int) -> list[Config
     """Launch configs tried per (shape, rows)."""
     out: list[Config] = []
     if m <= 4:
-        bks = (256, 512) if kind == "int8" else tuple(b for b in (128, 256) if b % group == 0)
-        for bn in (8, 16, 32, 64):
+        bks = (256, 512, 1024) if kind == "int8" else tuple(b for b in (128, 256, 512) if b % group == 0)
+        for bn in (8, 16, 32, 64, 128):
             for bk in bks:
-                for split in (1, 2, 4, 8):
-                    for warps in (4, 8) if bn >= 32 else (4,):
+                for warps in (4, 8) if bn >= 32 else (4,):
+                    # the int8 loop keeps a (bn, bk) fp32 accumulator: past 64 per thread it spills
+                    if kind == "int8" and bn * bk > 64 * 32 * warps:
+                        continue
+                    for split in (1, 2, 4, 8):
                         out.append(Config("gemv", bn, bk, split, num_warps=warps))
     tiled_bks = (64, 128) if kind == "int8" else tuple(b for b in (32, 64, 128) if group % b == 0)
     for bm in (16, 32, 64) if m > 16 else (16,):
@@ -82,6 +86,11 @@ def candidates(kind: Literal["int8", "int4"], m: int, group: int) -> list[Config
                 for split in (1, 2, 4):
                     out.append(Config("tiled", bn, bk, split, num_warps=4, block_m=bm))
     return out
+
+
+def _run_all(ws: list[QLinear], x: torch.Tensor, gated: bool) -> None:
+    for w in ws:
+        w(x, gated)
 
 
 def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]]) -> None:
@@ -95,15 +104,16 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]]) -> 
     names = ("qkv", "o", "gate_up", "down")
     groups: list[list[QLinear]] = [[getattr(layer, n) for layer in decoder.layers] for n in names]
     groups.append([decoder.lm_head])
-    for ws in groups:
+    for name, ws in zip((*names, "lm_head"), groups, strict=True):
         n, k = ws[0].n, ws[0].k
+        gated = name == "down"  # as the step calls it: SiLU-and-mul on the loads
         for m in batches:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
             best: tuple[float, Config] | None = None
             for cfg in candidates(kind, m, ws[0].group):
                 quant_matmul.set_config(kind, m, n, k, cfg)
                 try:
-                    ms = graph_time_ms(lambda ws=ws, x=x: [w(x) for w in ws], repeats=3) / len(ws)
+                    ms = graph_time_ms(partial(_run_all, ws, x, gated), repeats=3) / len(ws)
                 except Exception as exc:  # noqa: BLE001 (a config the compiler rejects is skipped)
                     log.append({"kind": kind, "m": m, "n": n, "k": k, "config": asdict(cfg), "error": repr(exc)[:200]})
                     continue
@@ -137,6 +147,30 @@ def decode_rate(decoder: Decoder, shape: Shape, batch: int, context: int, steps:
     rate = batch * steps / (start.elapsed_time(end) / 1e3)
     del graph, st
     return rate, ids
+
+
+def step_profile(decoder: Decoder, shape: Shape, context: int, replays: int = 4) -> list[dict[str, object]]:
+    """Device time of one batch-1 decode step by kernel name (torch.profiler over graph replays), largest first.
+
+    Their sum against the step's time from ``decode_rate`` gives the gaps between kernels.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    st = DecodeState(shape, 1, context, replays + 8)
+    graph = capture(decoder, st)
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        us = float(getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0))
+        if us > 0:
+            rows.append({"kernel": ev.key[:80], "us_per_step": us / replays, "launches_per_step": ev.count / replays})
+    del graph, st
+    return sorted(rows, key=lambda r: -float(str(r["us_per_step"])))
 
 
 def hf_rates(shape: Shape, context: int, steps: int, which: list[str]) -> dict[str, float]:
@@ -193,6 +227,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=LLAMA3_8B.layers, help="fewer layers for a smoke run")
     p.add_argument("--hf", default="", help="comma list of eager,compiled")
     p.add_argument("--json", default="")
+    p.add_argument("--profile", action="store_true", help="kernel times of one batch-1 step per format")
     a = p.parse_args()
     shape = Shape(layers=a.layers)
     batches = [int(b) for b in a.batches.split(",")]
@@ -214,6 +249,7 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     tuning: list[dict[str, object]] = []
     ids: dict[str, list[int]] = {}
+    profiles: dict[str, list[dict[str, object]]] = {}
     for mode in [m for m in a.modes.split(",") if m in ("bf16", "int8", "int4")]:
         t0 = time.perf_counter()
         dec = Decoder(shape, mode, a.group)  # type: ignore[arg-type]
@@ -232,10 +268,20 @@ def main() -> None:
                 ids[mode] = first
             rows.append(row)
             print(f"  {mode} batch {b}: {rate:.1f} tok/s", flush=True)
+        if a.profile:
+            try:
+                prof = step_profile(dec, shape, a.context)
+            except Exception as exc:  # noqa: BLE001 (the profiler is a diagnostic: never lose the run to it)
+                prof = [{"error": repr(exc)[:300]}]
+            profiles[mode] = prof
+            total = sum(float(str(r.get("us_per_step", 0.0))) for r in prof)
+            print(f"  {mode} batch-1 step, kernels sum {total:.0f} us:", flush=True)
+            for r in prof[:12]:
+                print(f"    {r}", flush=True)
         del dec
         gc.collect()
         torch.cuda.empty_cache()
-    res["rows"], res["tuning"], res["first_ids"] = rows, tuning, ids
+    res["rows"], res["tuning"], res["first_ids"], res["profile"] = rows, tuning, ids, profiles
     hf = hf_rates(shape, a.context, a.steps, a.hf.split(",")) if a.hf else {}
     res["hf"] = hf
     if a.json:

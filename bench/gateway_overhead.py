@@ -10,7 +10,8 @@ proxy (``--litellm``), then sends the same workloads to every target:
 * ``--target NAME=BASE_URL[,key=KEY][,model=MODEL][,pid=PID]``: any peer gateway (its CPU is read
   when ``pid`` is given).
 
-Workloads: non-streamed and streamed chat completions at each concurrency (default 1, 16, 64):
+Workloads: non-streamed and streamed chat completions (``json``, ``stream``) and streamed Anthropic
+Messages (``messages-stream``; ``messages`` for non-streamed) at each concurrency (default 1, 16, 64):
 p50/p99 total latency, p50/p99 TTFT for streams (time to the first chunk carrying content), request
 rate, and the CPU time (utime+stime from ``/proc/PID/stat``) of every process involved, per request.
 A final ``rate`` phase sends more non-streamed requests at concurrency 64 for the sustained rate.
@@ -57,10 +58,14 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 UPSTREAM_KEY = "sk-fake-openai"
 UPSTREAM_MODEL = "gpt-4o-mini"  # any plain name: the fake echoes the prompt, one stream delta per word
+UPSTREAM_ANTHROPIC_KEY = "sk-ant-fake"
+UPSTREAM_ANTHROPIC_MODEL = "claude-bench"  # the fake's Anthropic endpoint echoes the same way
 ALIAS = "bench"
+MESSAGES_ALIAS = "bench-claude"
+WORKLOADS = ("json", "stream", "messages", "messages-stream")
 LITELLM_KEY = "sk-bench-master"
 PROMPT = "Say hello to the gateway overhead benchmark please"
-_CONTENT = re.compile(rb'"content":\s*"(?!")')  # a delta that carries text (the role chunk has "")
+_CONTENT = re.compile(rb'"(?:content|text)":\s*"(?!")')  # a delta that carries text (empty openers do not)
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r]*chunked", re.IGNORECASE)
 _CLOSE = re.compile(rb"\r\nconnection:[ \t]*close", re.IGNORECASE)
@@ -80,6 +85,8 @@ class Target:
     model: str
     pid: int | None = None
     """The server process whose CPU time is read, when known."""
+    messages: tuple[str, str] | None = None
+    """(key, model) for ``/messages`` (Anthropic wire), when the target serves it."""
     host: str = field(init=False)
     port: int = field(init=False)
     path: str = field(init=False)
@@ -92,10 +99,16 @@ class Target:
         self.port = url.port or 80
         self.path = url.path.rstrip("/") + "/chat/completions"
 
-    def request_bytes(self, *, stream: bool, max_tokens: int) -> bytes:
-        """The whole HTTP/1.1 request, encoded once."""
+    def request_bytes(self, *, stream: bool, max_tokens: int, anthropic: bool = False) -> bytes:
+        """The whole HTTP/1.1 request, encoded once (``anthropic``: to ``/messages``)."""
+        key, model, path = self.key, self.model, self.path
+        if anthropic:
+            if self.messages is None:
+                raise ValueError(f"target {self.name} has no /messages endpoint configured")
+            key, model = self.messages
+            path = path.removesuffix("/chat/completions") + "/messages"
         body: dict[str, Any] = {
-            "model": self.model,
+            "model": model,
             "messages": [{"role": "user", "content": PROMPT}],
             "max_tokens": max_tokens,
         }
@@ -103,15 +116,23 @@ class Target:
             body["stream"] = True
         payload = json.dumps(body, separators=(",", ":")).encode()
         head = [
-            f"POST {self.path} HTTP/1.1",
+            f"POST {path} HTTP/1.1",
             f"Host: {self.host}:{self.port}",
             "Content-Type: application/json",
             "Accept: text/event-stream" if stream else "Accept: application/json",
             f"Content-Length: {len(payload)}",
         ]
-        if self.key:
-            head.append(f"Authorization: Bearer {self.key}")
+        if anthropic:
+            head.append("anthropic-version: 2023-06-01")
+            if key:
+                head.append(f"x-api-key: {key}")
+        elif key:
+            head.append(f"Authorization: Bearer {key}")
         return ("\r\n".join(head) + "\r\n\r\n").encode() + payload
+
+    def serves(self, workload: str) -> bool:
+        """Whether this target gets ``workload`` (the Anthropic ones need ``messages``)."""
+        return not workload.startswith("messages") or self.messages is not None
 
 
 def parse_target(spec: str) -> Target:
@@ -326,8 +347,10 @@ def pct(values: list[float], q: float) -> float | None:
 async def run_phase(
     target: Target, phase: Phase, pids: dict[str, int], warmup: int, max_tokens: int, grace_s: float
 ) -> dict[str, Any]:
-    stream = phase.workload == "stream"
-    payload = target.request_bytes(stream=stream, max_tokens=max_tokens)
+    stream = phase.workload.endswith("stream")
+    payload = target.request_bytes(
+        stream=stream, max_tokens=max_tokens, anthropic=phase.workload.startswith("messages")
+    )
     conns = [Connection(target.host, target.port) for _ in range(phase.concurrency)]
     try:
         await asyncio.gather(*(c.open() for c in conns), return_exceptions=True)  # failures retry in drive
@@ -393,11 +416,14 @@ def plan_phases(args: argparse.Namespace) -> list[Phase]:
 
 async def preflight(target: Target, max_tokens: int) -> None:
     """One request of each kind; a target that does not answer 200 stops the run with the reason."""
-    for stream in (False, True):
+    for anthropic, stream in ((False, False), (False, True), (True, False), (True, True)):
+        if anthropic and target.messages is None:
+            continue
         conn = Connection(target.host, target.port)
         try:
             async with asyncio.timeout(30):
-                status, _, ttft = await conn.request(target.request_bytes(stream=stream, max_tokens=max_tokens), stream)
+                payload = target.request_bytes(stream=stream, max_tokens=max_tokens, anthropic=anthropic)
+                status, _, ttft = await conn.request(payload, stream)
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
             raise RuntimeError(f"target {target.name} ({target.base_url}): {type(exc).__name__}: {exc}") from exc
         finally:
@@ -414,14 +440,14 @@ async def measure(args: argparse.Namespace, targets: list[Target], pids: dict[st
         await preflight(target, args.max_tokens)
     results = []
     for phase in plan_phases(args):
-        for target in targets:
+        for target in (t for t in targets if t.serves(phase.workload)):
             r = await run_phase(target, phase, pids, args.warmup, args.max_tokens, args.grace)
             results.append(r)
             ttft = r.get("ttft_ms", {}).get("p50")
             print(
                 f"  {phase.name:<10} {target.name:<10} n={r['requests']:<6} failed={r['failed']:<4} "
                 f"p50={_ms(r['latency_ms']['p50'])} p99={_ms(r['latency_ms']['p99'])}"
-                + (f" ttft50={_ms(ttft)}" if phase.workload == "stream" else "")
+                + (f" ttft50={_ms(ttft)}" if phase.workload.endswith("stream") else "")
                 + f" rps={r['rps']:.0f} cpu/req={_ms(r['server_cpu_ms_per_request'])}",
                 flush=True,
             )
@@ -519,11 +545,15 @@ def start_crossway(procs: Processes, upstream_port: int, log_level: str) -> tupl
     policy.write_text(
         "version: 1\npassthrough: false\nproviders:\n  fake:\n    kind: openai\n"
         f"    base_url: http://127.0.0.1:{upstream_port}/v1\n    api_key_env: BENCH_UPSTREAM_KEY\n"
+        "  fake-anthropic:\n    kind: anthropic\n"
+        f"    base_url: http://127.0.0.1:{upstream_port}\n    api_key_env: BENCH_UPSTREAM_ANTHROPIC_KEY\n"
         f"models:\n  {ALIAS}:\n    targets: [{{provider: fake, model: {UPSTREAM_MODEL}}}]\n"
+        f"  {MESSAGES_ALIAS}:\n    targets: [{{provider: fake-anthropic, model: {UPSTREAM_ANTHROPIC_MODEL}}}]\n"
     )
     env = clean_env() | {
         "DATABASE_URL": f"sqlite+aiosqlite:///{workdir / 'crossway.db'}",
         "BENCH_UPSTREAM_KEY": UPSTREAM_KEY,
+        "BENCH_UPSTREAM_ANTHROPIC_KEY": UPSTREAM_ANTHROPIC_KEY,
         "CROSSWAY_LOG_LEVEL": log_level,
     }
     return serve_crossway(procs, policy, env)
@@ -721,6 +751,7 @@ def goals(results: list[dict[str, Any]], over: list[dict[str, Any]]) -> dict[str
         rate = next((r["rps"] for r in cw if r["phase"] == "json-c64"), None)
     json1 = ov.get("json-c1", {}).get("p50_ms")
     ttft1 = ov.get("stream-c1", {}).get("ttft_p50_ms")
+    ttft1_messages = ov.get("messages-stream-c1", {}).get("ttft_p50_ms")
 
     def check(value: float | None, ok: bool) -> dict[str, Any]:
         return {"measured": value, "met": None if value is None else ok}
@@ -729,18 +760,29 @@ def goals(results: list[dict[str, Any]], over: list[dict[str, Any]]) -> dict[str
         "cpu_ms_per_request_max_under_1": check(max(cpu) if cpu else None, bool(cpu) and max(cpu) < 1),
         "p50_overhead_json_c1_under_1ms": check(json1, json1 is not None and json1 < 1),
         "p50_overhead_stream_ttft_c1_under_1ms": check(ttft1, ttft1 is not None and ttft1 < 1),
+        "p50_overhead_messages_stream_ttft_c1_under_1ms": check(
+            ttft1_messages, ttft1_messages is not None and ttft1_messages < 1
+        ),
         "rps_c64_over_1000": check(rate, rate is not None and rate > 1000),
     }
+
+
+TITLES = {
+    "json": "non-streamed chat completion",
+    "stream": "streamed chat completion",
+    "messages": "non-streamed Anthropic message",
+    "messages-stream": "streamed Anthropic message",
+}
 
 
 def print_report(report: dict[str, Any]) -> None:
     results = report["results"]
     names = list(dict.fromkeys(r["target"] for r in results))
-    for workload, title in (("json", "non-streamed chat completion"), ("stream", "streamed chat completion")):
+    for workload, title in TITLES.items():
         rows = [r for r in results if r["workload"] == workload]
         if not rows:
             continue
-        stream = workload == "stream"
+        stream = workload.endswith("stream")
         print(f"\n{title}: latency in ms; CPU in ms of CPU time per request; busy = cores busy machine-wide,")
         print("other = of those, cores used by processes this run did not start")
         head = f"{'phase':<10} {'target':<10} {'n':>6} {'fail':>5} {'p50':>7} {'p99':>7}"
@@ -779,11 +821,11 @@ def markdown(report: dict[str, Any]) -> str:
     """The figures as Markdown tables, for ``docs/benchmarks.md``."""
     results, over = report["results"], report["overhead"]
     out = []
-    for workload in ("json", "stream"):
+    for workload in TITLES:
         rows = [r for r in results if r["workload"] == workload]
         if not rows:
             continue
-        stream = workload == "stream"
+        stream = workload.endswith("stream")
         cols = ["phase", "target", "n", "p50 ms", "p99 ms"]
         cols += ["TTFT p50", "TTFT p99"] if stream else []
         cols += ["req/s", "server CPU ms/req", "upstream CPU ms/req", "loadgen CPU ms/req", "other cores busy"]
@@ -858,7 +900,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=None, help="cap in seconds per measured phase")
     p.add_argument("--rate-requests", type=int, default=None, help="requests in the rate phase (0: skip)")
     p.add_argument("--rate-duration", type=float, default=None, help="cap in seconds of the rate phase")
-    p.add_argument("--workloads", type=lambda s: s.split(","), default=["json", "stream"], metavar="json,stream")
+    p.add_argument(
+        "--workloads",
+        type=_workloads,
+        default=["json", "stream", "messages-stream"],
+        metavar="json,stream,messages-stream",
+        help=f"any of {', '.join(WORKLOADS)}",
+    )
     p.add_argument("--warmup", type=int, default=None, help="warm-up requests before each phase")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--grace", type=float, default=15.0, help="seconds open requests get after a phase's cap")
@@ -875,6 +923,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--render", type=Path, metavar="JSON", help="print a results file as Markdown and exit")
     p.add_argument("--keep-workdir", action="store_true", help="keep the temp dir (logs, database, policy)")
     return p
+
+
+def _workloads(value: str) -> list[str]:
+    names = [v for v in value.split(",") if v]
+    unknown = set(names) - set(WORKLOADS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown workloads {sorted(unknown)}; choose from {', '.join(WORKLOADS)}")
+    return names
 
 
 def _ints(value: str) -> list[int]:
@@ -900,12 +956,23 @@ async def main_async(args: argparse.Namespace, procs: Processes) -> dict[str, An
     upstream, up_port = start_upstream(procs)
     print(f"fake upstream  pid {upstream.pid}  http://127.0.0.1:{up_port}/v1")
     pids = {"loadgen": os.getpid(), "upstream": upstream.pid}
-    targets = [Target("direct", f"http://127.0.0.1:{up_port}/v1", UPSTREAM_KEY, UPSTREAM_MODEL, upstream.pid)]
+    targets = [
+        Target(
+            "direct",
+            f"http://127.0.0.1:{up_port}/v1",
+            UPSTREAM_KEY,
+            UPSTREAM_MODEL,
+            upstream.pid,
+            messages=(UPSTREAM_ANTHROPIC_KEY, UPSTREAM_ANTHROPIC_MODEL),
+        )
+    ]
     crossway = None
     if not args.no_crossway:
         gw, gw_port, key = start_crossway(procs, up_port, args.gateway_log_level)
         print(f"crossway       pid {gw.pid}  http://127.0.0.1:{gw_port}/v1  (key {key[:8]}...)")
-        crossway = Target("crossway", f"http://127.0.0.1:{gw_port}/v1", key, ALIAS, gw.pid)
+        crossway = Target(
+            "crossway", f"http://127.0.0.1:{gw_port}/v1", key, ALIAS, gw.pid, messages=(key, MESSAGES_ALIAS)
+        )
         targets.append(crossway)
     if args.litellm:
         ll, ll_port = start_litellm(procs, args.litellm, up_port)

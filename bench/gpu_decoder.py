@@ -2,9 +2,10 @@
 
 Owns building random bf16 / int8 / int4 weights for a shape, one decode step written only with
 the kernels (fused residual RMSNorm, rotary + KV write, paged decode attention, SiLU-and-mul,
-weight-only matmuls; cuBLAS for bf16 linears), and capturing that step, greedy argmax and the
-advance of positions, slots and lengths included, in one CUDA graph. Does not own prefill,
-scheduling or sampling beyond argmax: that is the engine's (``selfhost``).
+weight-only matmuls, the int8 / int4 down projection applying SiLU-and-mul as it loads; cuBLAS
+for bf16 linears), and capturing that step, greedy argmax and the advance of positions, slots and
+lengths included, in one CUDA graph. Does not own prefill, scheduling or sampling beyond argmax:
+that is the engine's (``selfhost``).
 """
 
 from __future__ import annotations
@@ -74,13 +75,13 @@ class QLinear:
         """Bytes one pass reads."""
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``(M, K) -> (M, N)``."""
+    def __call__(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
+        """``(M, K) -> (M, N)``; with ``gated``, ``(M, 2K)`` ``[gate | up]`` through SiLU-and-mul first."""
         if self.mode == "bf16":
-            return F.linear(x, self.tensors[0])
+            return F.linear(silu_and_mul(x) if gated else x, self.tensors[0])
         if self.mode == "int8":
-            return int8_matmul(x, self.tensors[0], self.tensors[1])
-        return int4_matmul(x, self.tensors[0], self.tensors[1], self.tensors[2], self.group)
+            return int8_matmul(x, self.tensors[0], self.tensors[1], gated=gated)
+        return int4_matmul(x, self.tensors[0], self.tensors[1], self.tensors[2], self.group, gated=gated)
 
 
 class Decoder:
@@ -142,7 +143,7 @@ class Decoder:
             o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5)  # (b, nh, hd)
             x = layer.o(o.view(b, q_size))
             h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps)
-            x = layer.down(silu_and_mul(layer.gate_up(h)))
+            x = layer.down(layer.gate_up(h), gated=True)  # int8 / int4 apply SiLU-and-mul as they load
         h, _ = rms_norm_residual(x, res, self.norm, s.eps)
         logits = self.lm_head(h)  # (b, V)
         st.ids.copy_(logits.argmax(-1))

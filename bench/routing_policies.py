@@ -11,7 +11,7 @@ import random
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from gateway.router import Router, Workload, engine_price
+from gateway.router import DEFERRABLE_KV_RESERVE, Router, Workload, engine_price
 
 if TYPE_CHECKING:
     from bench.routing_scenario import Deployment
@@ -108,10 +108,31 @@ def fastest(sim: Simulation) -> Static:
     return Static(sim, "always-fastest", sorted(sim.deployments, key=lambda k: _nominal(sim, sim.deployments[k])[1]))
 
 
+def kept_for_latency(sim: Simulation, key: str, i: int) -> bool:
+    """Whether the engine behind ``key`` is too full for request ``i`` of a deadline-only class.
+
+    The router's rule (``gateway.router.DEFERRABLE_KV_RESERVE``), applied with the engine's true load.
+    """
+    if sim.deployments[key].engine is None or sim.slo(i).ttft_p95_ms is not None or sim.slo(i).tpot_p95_ms is not None:
+        return False
+    return sim.engine_load(key).kv_free < DEFERRABLE_KV_RESERVE
+
+
 class Oracle(SimPolicy):
-    """Knows each request's true latency and failure everywhere now; takes the cheapest that meets the SLO."""
+    """Knows each request's true latency and failure everywhere now; takes the cheapest that meets the SLO.
+
+    It keeps the engine's last slots for latency classes as the router does (``kept_for_latency``):
+    filling them with batch work, a greedy chooser, however clairvoyant, sends later interactive
+    requests to dearer APIs. ``greedy=True`` is the oracle without that rule (``oracle-greedy``).
+    """
 
     name = "oracle"
+
+    def __init__(self, sim: Simulation, *, greedy: bool = False) -> None:
+        super().__init__(sim)
+        self.greedy = greedy
+        if greedy:
+            self.name = "oracle-greedy"
 
     def order(self, sim: Simulation, i: int) -> list[str]:
         options = []
@@ -123,6 +144,7 @@ class Oracle(SimPolicy):
             if not attempt.ok:
                 continue
             meets = sim.meets(i, attempt.ttft, attempt.tpot, attempt.seconds)
+            meets = meets and (self.greedy or not kept_for_latency(sim, key, i))
             options.append((not meets, self.cost(sim, key, i, attempt.tpot), key))
         return [key for *_, key in sorted(options)]
 
@@ -143,7 +165,8 @@ class OracleP95(SimPolicy):
     """Knows each deployment's true latency distribution and error rate now, not the request's own draw.
 
     It applies the router's rule with perfect statistics: the cheapest deployment whose true p95s meet
-    the SLO and whose error rate is at most a half, else the one with the lowest p95 TTFT. The gap from
+    the SLO and whose error rate is at most a half (and the engine's reserve for latency classes, as
+    ``Oracle``), else the one with the lowest p95 TTFT. The gap from
     ``crossway`` to it is what learning from samples costs; the gap from it to ``oracle`` is what
     judging by p95 instead of by each request's luck costs.
     """
@@ -161,6 +184,7 @@ class OracleP95(SimPolicy):
             ttft, tpot = sim.latency(key, i, Z95, Z95)
             _, tpot_mid = sim.latency(key, i, 0.0, 0.0)
             meets = error_rate <= 0.5 and sim.meets(i, ttft, tpot, ttft + tpot * out)
+            meets = meets and not kept_for_latency(sim, key, i)
             options.append((not meets, Oracle.cost(sim, key, i, tpot_mid) if meets else ttft, key))
         return [key for *_, key in sorted(options)]
 
@@ -211,7 +235,7 @@ class Crossway(SimPolicy):
         return {"reasons": dict(sorted(self.reasons.items()))}
 
 
-POLICIES = ("crossway", "round-robin", "always-cheapest", "always-fastest", "oracle-p95", "oracle")
+POLICIES = ("crossway", "round-robin", "always-cheapest", "always-fastest", "oracle-p95", "oracle-greedy", "oracle")
 
 
 def make_policy(name: str, sim: Simulation, seed: int, typical_output: int) -> SimPolicy:
@@ -226,6 +250,8 @@ def make_policy(name: str, sim: Simulation, seed: int, typical_output: int) -> S
         return fastest(sim)
     if name == "oracle":
         return Oracle(sim)
+    if name == "oracle-greedy":
+        return Oracle(sim, greedy=True)
     if name == "oracle-p95":
         return OracleP95(sim)
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")

@@ -2,8 +2,9 @@
 
 Owns: reading the key from ``Authorization: Bearer ...`` or ``x-api-key`` (the Anthropic SDK's
 header), turning a key into a ``Principal`` with an in-process cache of verified keys (by hash, for
-``ttl_s``; unknown keys for a shorter time), and the admin-key check. Does not own key storage or
-the key format (``gateway.store.keys``) or how errors are rendered (``gateway.wire``).
+``ttl_s``; unknown keys for a shorter time), and the admin checks (the admin key, and the read-only
+finance key). Does not own key storage or the key format (``gateway.store.keys``) or how errors are
+rendered (``gateway.wire``).
 
 The raw key is never logged, stored or kept: the cache is keyed by its SHA-256.
 """
@@ -14,7 +15,7 @@ import asyncio
 import hmac
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from gateway.errors import AuthenticationError, PermissionDenied
 from gateway.store.keys import hash_key
@@ -29,6 +30,11 @@ MISSING_KEY = (
     "(Authorization: Bearer YOUR_KEY) or in an x-api-key header."
 )
 INCORRECT_KEY = "Incorrect API key provided."
+ADMIN_DISABLED = "The admin API is disabled: set CROSSWAY_ADMIN_KEY to enable it."
+READ_ONLY_KEY = "The finance key is read-only: this request changes something and needs the admin key."
+
+AdminRole = Literal["admin", "finance"]
+"""``admin`` may do everything under ``/admin``; ``finance`` may only read reports, budgets and policies."""
 
 
 class Authenticator:
@@ -141,16 +147,41 @@ def bearer_key(authorization: str | None, x_api_key: str | None) -> str | None:
     return None
 
 
-def check_admin(presented: str | None, admin_key: str | None) -> None:
+def admin_role(presented: str | None, admin_key: str | None, finance_key: str | None = None) -> AdminRole:
+    """Which admin role a presented key carries: the admin key, or the read-only finance key.
+
+    Both configured keys are compared (in constant time) whatever the first comparison gave.
+
+    Raises:
+        PermissionDenied: Neither key is configured, so the admin API is off.
+        AuthenticationError: The presented key is missing or is neither key.
+    """
+    if not admin_key and not finance_key:
+        raise PermissionDenied(ADMIN_DISABLED)
+    if not presented:
+        raise AuthenticationError("Missing admin key. Provide it in an Authorization header using Bearer auth.")
+    is_admin = _same(presented, admin_key)
+    is_finance = _same(presented, finance_key)
+    if is_admin:
+        return "admin"
+    if is_finance:
+        return "finance"
+    raise AuthenticationError("Incorrect admin key provided.", code="invalid_api_key")
+
+
+def check_admin(presented: str | None, admin_key: str | None, finance_key: str | None = None) -> None:
     """Allow an admin request only with the configured admin key (compared in constant time).
 
     Raises:
-        PermissionDenied: No admin key is configured, so the admin API is off.
+        PermissionDenied: No admin key is configured, so the admin API is off; or the presented key is
+            the read-only finance key.
         AuthenticationError: The presented key is missing or wrong.
     """
     if not admin_key:
-        raise PermissionDenied("The admin API is disabled: set CROSSWAY_ADMIN_KEY to enable it.")
-    if not presented:
-        raise AuthenticationError("Missing admin key. Provide it in an Authorization header using Bearer auth.")
-    if not hmac.compare_digest(presented.encode(), admin_key.encode()):
-        raise AuthenticationError("Incorrect admin key provided.", code="invalid_api_key")
+        raise PermissionDenied(ADMIN_DISABLED)
+    if admin_role(presented, admin_key, finance_key) != "admin":
+        raise PermissionDenied(READ_ONLY_KEY, code="read_only_key")
+
+
+def _same(presented: str, configured: str | None) -> bool:
+    return bool(configured) and hmac.compare_digest(presented.encode(), (configured or "").encode())

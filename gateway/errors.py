@@ -22,7 +22,10 @@ this tree at the provider boundary with ``raise ... from exc``.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 class GatewayError(Exception):
@@ -105,9 +108,18 @@ class RateLimited(ClientError):
     status_code = 429
     error_type = "rate_limit_error"
 
-    def __init__(self, message: str, *, retry_after: float | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        code: str | None = None,
+        headers_for: Callable[[Literal["openai", "anthropic"]], dict[str, str]] | None = None,
+    ) -> None:
         super().__init__(message, code=code)
         self.retry_after = retry_after
+        self.headers_for = headers_for
+        """The limits' standing as response headers, given the wire's style (``openai`` or ``anthropic``)."""
 
 
 class UpstreamError(GatewayError):

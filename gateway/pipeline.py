@@ -13,7 +13,6 @@ wire formats: the API layer decodes and encodes around it. A request reads the l
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,6 +21,7 @@ import structlog
 
 from gateway import dispatch, tokens
 from gateway.cache.entry import replay
+from gateway.cache.prefix import request_prefix
 from gateway.cache.responses import ResponseCache
 from gateway.cache.store import MemoryStore
 from gateway.errors import GatewayError
@@ -70,6 +70,8 @@ class Completion:
     served_by: dispatch.Dispatched
     slo: str
     cache: CacheStatus | None = None
+    admission: Admission | None = None
+    """The ledger's admission (its rate-limit standing becomes response headers); ``None`` without limits."""
 
 
 @dataclass(slots=True)
@@ -81,6 +83,7 @@ class Streamed:
     slo: str
     events: AsyncIterator[StreamEvent]
     cache: CacheStatus | None = None
+    admission: Admission | None = None
 
 
 class Pipeline:
@@ -106,10 +109,16 @@ class Pipeline:
     async def chat(self, call: Call, decode: Callable[[], ChatRequest]) -> Completion | Streamed:
         """A chat completion; ``decode`` turns the body into the canonical request."""
         principal = await self.auth.authenticate(call.api_key)  # 401 before the body is looked at
-        request = decode()  # 400
-        _bind(principal, request)
-        live = self.runtime.live
-        plan = live.policy.resolve(request.model, principal.tenant, _slo_asked(call, request, live.policy))  # 404/403
+        model = ""
+        try:
+            request = decode()  # 400
+            model = request.model
+            _bind(principal, request)
+            live = self.runtime.live
+            plan = live.policy.resolve(model, principal.tenant, _slo_asked(call, request, live.policy))  # 404/403
+        except GatewayError as exc:  # a known tenant's refused request is accounted for too
+            self._refused(call, principal, model, exc)
+            raise
         decision = self.runtime.decide(plan, workload(request), live)
         admission = await self._admit(call, principal, plan, request)  # 429 / 402
         # moderation.in joins here (its own issue)
@@ -117,7 +126,7 @@ class Pipeline:
         if slot.hit is not None:
             if admission is not None and self.ledger is not None:  # a replay costs nothing upstream
                 self.ledger.finish(admission, target=None, status=200, usage=None)
-            return self._replay(call, request, plan, slot)
+            return self._replay(call, request, plan, slot, admission)
         if request.stream:
             return await self._open_stream(call, request, plan, decision, live, slot, admission)
         try:
@@ -129,9 +138,11 @@ class Pipeline:
             response.usage = _estimate(request, response.content + "".join(c.arguments for c in response.tool_calls))
         await slot.store(response, served_by.target)
         self._ledger(call, request.model, served_by, 200, response.usage, admission)
-        return Completion(response, served_by, plan.slo.name, slot.status)
+        return Completion(response, served_by, plan.slo.name, slot.status, admission)
 
-    def _replay(self, call: Call, request: ChatRequest, plan: Plan, slot: Slot) -> Completion | Streamed:
+    def _replay(
+        self, call: Call, request: ChatRequest, plan: Plan, slot: Slot, admission: Admission | None = None
+    ) -> Completion | Streamed:
         """A cache hit: the stored answer as first sent (also as a stream), with no upstream call."""
         hit = slot.hit
         assert hit is not None  # noqa: S101 - called for hits only
@@ -139,8 +150,8 @@ class Pipeline:
         self.metrics.observe_request(call.endpoint, request.model, "cache", 200, time.perf_counter() - call.started)
         log.info("request_done", endpoint=call.endpoint, status=200, cache="hit", target=f"{hit.provider}/{hit.model}")
         if hit.response is not None:
-            return Completion(hit.response, served_by, plan.slo.name, slot.status)
-        return Streamed(request, served_by, plan.slo.name, replay(hit.events or []), slot.status)
+            return Completion(hit.response, served_by, plan.slo.name, slot.status, admission)
+        return Streamed(request, served_by, plan.slo.name, replay(hit.events or []), slot.status, admission)
 
     async def _open_stream(
         self,
@@ -164,7 +175,7 @@ class Pipeline:
             admission.ttft_s = ttft
         followed = self._follow(call, request, opened, admission)
         events = slot.tee(followed, opened.dispatched.target)  # stored once complete
-        return Streamed(request, opened.dispatched, plan.slo.name, events, slot.status)
+        return Streamed(request, opened.dispatched, plan.slo.name, events, slot.status, admission)
 
     async def _follow(
         self, call: Call, request: ChatRequest, opened: dispatch.OpenStream, admission: Admission | None = None
@@ -208,10 +219,16 @@ class Pipeline:
     ) -> tuple[EmbeddingResponse, dispatch.Dispatched]:
         """Embeddings."""
         principal = await self.auth.authenticate(call.api_key)
-        request = decode()
-        _bind(principal, request)
-        live = self.runtime.live
-        plan = live.policy.resolve(request.model, principal.tenant, call.slo)
+        model = ""
+        try:
+            request = decode()
+            model = request.model
+            _bind(principal, request)
+            live = self.runtime.live
+            plan = live.policy.resolve(model, principal.tenant, call.slo)
+        except GatewayError as exc:
+            self._refused(call, principal, model, exc)
+            raise
         size = sum(len(x) // CHARS_PER_TOKEN if isinstance(x, str) else len(x) for x in request.input)
         decision = self.runtime.decide(plan, Workload(size, 0), live)
         admission = await self._admit(call, principal, plan, None, size)  # 429 / 402
@@ -255,6 +272,19 @@ class Pipeline:
         if request is not None:
             request.max_tokens = cap
         return admission
+
+    def _refused(self, call: Call, principal: Principal, model: str, exc: GatewayError) -> None:
+        """Record a request refused after authentication and before admission (status, error, no tokens)."""
+        if self.ledger is not None:
+            self.ledger.refuse(
+                principal,
+                request_id=call.request_id,
+                endpoint=call.endpoint,
+                started=call.started,
+                alias=model,
+                status=exc.status_code,
+                error=type(exc).__name__,
+            )
 
     def _ledger(
         self,
@@ -302,14 +332,14 @@ PREFIX_MIN_CHARS = 1024
 
 
 def workload(request: ChatRequest) -> Workload:
-    """What the router needs to know of a request's size, and the hash of its stable prefix."""
+    """What the router needs to know of a request's size, and the hash of its stable prefix.
+
+    The prefix is computed here once per request and kept on it (``request_prefix``): provider
+    adapters derive their prompt-cache keys from the same block.
+    """
     chars = sum(len(m.text()) for m in request.messages)
-    system = "\n".join(m.text() for m in request.messages if m.role == "system")
-    tools = "\n".join(f"{t.name}:{t.description}" for t in request.tools)
-    prefix = system + tools
-    prefix_key = (
-        hashlib.blake2b(prefix.encode(), digest_size=16).hexdigest() if len(prefix) >= PREFIX_MIN_CHARS else None
-    )
+    stable = request_prefix(request)
+    prefix_key = stable.hash if stable is not None and stable.chars >= PREFIX_MIN_CHARS else None
     return Workload(chars // CHARS_PER_TOKEN, request.max_tokens or DEFAULT_OUTPUT_TOKENS, prefix_key)
 
 

@@ -4,9 +4,12 @@
 draws: it predicts each candidate's TTFT and TPOT (p95 of recent samples, or an optimistic prior
 while a deployment has too few), drops those that would miss the request's SLO class or cannot take
 it (breaker open, at its concurrency cap), and picks the cheapest of the rest. When none qualifies it
-picks the one most likely to meet the SLO. A small share of requests explores another usable
-candidate so that statistics stay fresh. Prompts sharing a prefix go to the same self-hosted
-replica while it has headroom (rendezvous hashing over the replicas that qualify).
+picks the one most likely to meet the SLO. A request of a deadline-only class (``batch``) leaves a
+filling engine's last KV share (``DEFERRABLE_KV_RESERVE``) to the latency classes, whose alternatives
+cost more. A small share of requests explores another usable candidate so that statistics stay
+fresh, dearer candidates less often in proportion to their price. Prompts sharing a prefix go to
+the same self-hosted replica while it has headroom (rendezvous hashing over the replicas that
+qualify).
 
 ``Router`` holds the live state (``gateway.stats``, ``gateway.breaker``) and calls ``route``.
 Does not own calling anyone (``gateway.dispatch``) or the policy's schema (``gateway.policy``).
@@ -27,7 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from gateway.breaker import State
-    from gateway.policy import Plan, ProviderConfig, RoutingOptions, Target
+    from gateway.policy import Plan, ProviderConfig, RoutingOptions, SloClass, Target
     from gateway.stats import EngineLoad
 
 MIN_SAMPLES = 5
@@ -39,6 +42,14 @@ AFFINITY_HEADROOM = 0.8
 """A replica keeps its prefix's traffic until it is this full (in flight / concurrency cap)."""
 KV_RESERVE = 0.05
 """An engine with less KV cache free than this would queue a new request rather than start it."""
+DEFERRABLE_KV_RESERVE = 0.35
+"""A request with a deadline but no latency objective leaves an engine this share of its KV cache.
+
+NOTE(hsim): filled with batch work at peak, the engine sent interactive requests to an API at twice
+the budget API's discounted batch price (bench/routing_sim.py: goodput/$ +15 %; 0.2, 0.35 and 0.5
+were tried, 0.35 and 0.5 within 0.5 % of each other)."""
+EXPLORE_FLOOR = 0.05
+"""The least share of its exploration a dearer candidate keeps, however much dearer it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +163,18 @@ def _judge(
         misses.append(f"would finish after the {slo.deadline_s:.0f} s deadline")
     if observed.engine is not None and observed.engine.kv_free < KV_RESERVE:
         misses.append(f"KV cache {observed.engine.kv_free:.0%} free")
+    elif observed.engine is not None and _deferrable(slo) and observed.engine.kv_free < DEFERRABLE_KV_RESERVE:
+        misses.append(f"KV cache {observed.engine.kv_free:.0%} free, kept for latency classes")
     if observed.error_rate > 0.5:
         misses.append(f"error rate {observed.error_rate:.0%}")
     qualified = usable and not misses
     if usable and misses:
         reason = "; ".join(misses)
     return Candidate(target, ttft, tpot, cost, p_meet, usable, qualified, reason)
+
+
+def _deferrable(slo: SloClass) -> bool:
+    return slo.ttft_p95_ms is None and slo.tpot_p95_ms is None
 
 
 def _rendezvous(prefix_key: str, target: Target) -> bytes:
@@ -210,13 +227,31 @@ def route(
                 reason = "prefix-affinity"
     explore_draw, pick_draw = draws
     if len(ranked) > 1 and explore_draw < options.explore_share:
-        pick = ranked.pop(1 + int(pick_draw * (len(ranked) - 1)))
-        ranked.insert(0, pick)
-        reason = "explore"
+        pick = _explored(ranked, pick_draw, explore_draw / options.explore_share)
+        if pick is not None:
+            ranked.remove(pick)
+            ranked.insert(0, pick)
+            reason = "explore"
     first = ranked[0].target if ranked else None
     candidates = tuple(_explained(c, reason, first) for c in judged)
     order = tuple(c.target for c in ranked) + tuple(c.target for c in unusable) + plan.fallbacks
     return Decision(order, reason, candidates)
+
+
+def _explored(ranked: list[Candidate], pick_draw: float, accept_draw: float) -> Candidate | None:
+    """The candidate to explore instead of ``ranked[0]``, or ``None`` to explore nothing this time.
+
+    Every other usable candidate is drawn with equal chance, and a dearer one is then kept only in
+    proportion to how much less the choice costs (never below ``EXPLORE_FLOOR``).
+    """
+    # NOTE(hsim): exploring a cheaper candidate can find money (it may qualify again); exploring a dearer
+    # one only refreshes statistics for when it is needed, and pays the price difference on every try.
+    # Uniform exploration sent a third of its tries to the premium API (bench/routing_sim.py).
+    others = ranked[1:]
+    pick = others[min(len(others) - 1, int(pick_draw * len(others)))]
+    base = ranked[0].cost_usd
+    weight = 1.0 if pick.cost_usd <= base else max(EXPLORE_FLOOR, base / pick.cost_usd)
+    return pick if accept_draw < weight else None
 
 
 def _has_headroom(candidate: Candidate, observed: Observed) -> bool:

@@ -31,6 +31,9 @@ class Settings:
     """The routing policy file (YAML)."""
     admin_key: str | None = field(default=None, repr=False)
     """Bearer key for ``/admin`` routes; admin routes answer 403 while it is unset."""
+    finance_key: str | None = field(default=None, repr=False)
+    """Read-only bearer key: the dashboard and the ``GET`` routes of ``/admin/finance`` and ``/admin/policies``;
+    every write answers 403 with it."""
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = 8 * 1024 * 1024
@@ -47,6 +50,8 @@ class Settings:
     configured, announces edits at once)."""
     cache_memory_bytes: int = 64 * 1024 * 1024
     """Byte cap of the in-process response cache (used when ``redis_url`` is unset)."""
+    ledger: bool = True
+    """Usage records, budgets and rate limits (``CROSSWAY_LEDGER=off`` turns all three off, for benchmarks)."""
     bootstrap: bool = True
     """On first start with no tenants, create tenant ``default`` and print one key."""
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
@@ -62,6 +67,7 @@ class Settings:
             "redis_url": e.get("REDIS_URL") or None,
             "policy_path": Path(e["CROSSWAY_POLICY"]) if e.get("CROSSWAY_POLICY") else DEFAULT_POLICY,
             "admin_key": e.get("CROSSWAY_ADMIN_KEY") or None,
+            "finance_key": e.get("CROSSWAY_FINANCE_KEY") or None,
             "host": e.get("CROSSWAY_HOST", d.host),
             "port": int(e.get("CROSSWAY_PORT", d.port)),
             "max_body_bytes": int(e.get("CROSSWAY_MAX_BODY_BYTES", d.max_body_bytes)),
@@ -70,6 +76,7 @@ class Settings:
             "log_content": e.get("CROSSWAY_LOG_CONTENT", "") in {"1", "true", "yes"},
             "cache_memory_bytes": int(e.get("CROSSWAY_CACHE_MEMORY_BYTES", d.cache_memory_bytes)),
             "policy_poll_s": float(e.get("CROSSWAY_POLICY_POLL_S", d.policy_poll_s)),
+            "ledger": e.get("CROSSWAY_LEDGER", "on").lower() not in {"0", "off", "false", "no"},
             "env": MappingProxyType(e),
         }
         values.update(overrides)

@@ -7,7 +7,7 @@ HTTP or any vendor. Structs are mutable msgspec Structs for speed; stages treat 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 
@@ -88,6 +88,17 @@ class ResponseFormat(msgspec.Struct):
     strict: bool | None = None
 
 
+class PrefixBlock(NamedTuple):
+    """One leading block of a prompt (``gateway.cache.prefix`` computes them)."""
+
+    kind: str
+    """``tools``, ``system`` or the turn's role."""
+    hash: str
+    """Chained SHA-256 hex of every block up to and including this one."""
+    chars: int
+    """Characters of every block up to and including this one (a size estimate, not a token count)."""
+
+
 class ChatRequest(msgspec.Struct):
     """A chat completion request, whatever wire it came in on."""
 
@@ -112,6 +123,9 @@ class ChatRequest(msgspec.Struct):
     """The caller's wire format."""
     tenant: str | None = None
     """Set by the pipeline after auth (never by a client): providers that cache per tenant use it."""
+    stable_prefix: PrefixBlock | None = None
+    """Set once per request by ``gateway.cache.prefix.request_prefix`` (never by a client): the tools-and-system
+    prefix, shared by prefix affinity (``gateway.pipeline.workload``) and provider cache keys."""
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
     """Fields of the caller's wire that have no canonical meaning (``presence_penalty``, ``metadata``...).
     Forwarded only to a provider that speaks the same wire; other providers ignore them."""

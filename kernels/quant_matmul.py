@@ -5,8 +5,9 @@ Two kernel shapes per format. The GEMV path (few rows, decode) streams the weigh
 elementwise FMAs and a row reduction, the rows of ``x`` adjacent in the grid so that their programs
 share the weight tile through L2. The tiled path (many rows, prefill or large batches) dequantizes
 a tile to the activation dtype and feeds ``tl.dot``. Both can split K over programs when the grid
-would not fill the GPU; partial sums then go through an fp32 buffer reduced by ``torch.sum``
-(deterministic, unlike atomics).
+would not fill the GPU; the last program of a tile to finish sums the fp32 partials in split order
+in the same launch (deterministic, unlike atomic adds). Either path can take ``[gate | up]`` and
+apply SiLU-and-mul as it loads x (``gated``), which saves the activation's own launch.
 
 Owns the kernels, the launchers and the per-shape launch configs (``Config``, ``set_config``).
 The weight layouts and the semantics are in ``kernels.reference`` (``quantize_int8``,
@@ -81,20 +82,61 @@ def _default_config(kind: str, m: int, n: int, k_iter_cols: int, group: int, dev
 if triton is not None:
 
     @triton.jit
+    def _load_x(ptrs, mask, GATE_OFF, GATED: tl.constexpr):
+        """``x`` at ``ptrs``; with GATED, ``silu(x[ptrs]) * x[ptrs + GATE_OFF]`` rounded to x's dtype (``silu_and_mul``)."""
+        x = tl.load(ptrs, mask=mask, other=0.0)
+        if GATED:
+            g = x.to(tl.float32)
+            u = tl.load(ptrs + GATE_OFF, mask=mask, other=0.0).to(tl.float32)
+            x = (g / (1.0 + tl.exp(-g)) * u).to(x.dtype)
+        return x
+
+    @triton.jit
+    def _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, sp_s, cnt_ptr, N, NSPLIT):
+        """Write a finished ``(rows, cols)`` fp32 tile, reducing split-K in the same launch.
+
+        Without split-K the tile goes straight to ``out``. With it, each program stores an fp32 partial;
+        the last of the tile's NSPLIT programs to arrive (an atomic counter per tile) sums the partials
+        in split order, so the result does not depend on arrival order, writes ``out`` and resets the
+        counter for the next launch (CUDA graph replays reuse it).
+        """
+        omask = mmask[:, None] & nmask[None, :]
+        o_off = rm[:, None] * so_m + rn[None, :]
+        if NSPLIT == 1:
+            tl.store(out_ptr + o_off, acc.to(out_ptr.dtype.element_ty), mask=omask)
+        else:
+            p_off = rm[:, None] * N + rn[None, :]
+            tl.store(part_ptr + tl.program_id(2) * sp_s + p_off, acc, mask=omask)
+            # NOTE(h7): every thread's partial store must precede the release of the counter increment
+            tl.debug_barrier()
+            tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            if arrived == NSPLIT - 1:
+                tot = tl.zeros_like(acc)
+                for s in range(NSPLIT):
+                    # .cg: other multiprocessors wrote these; skip this one's L1
+                    tot += tl.load(part_ptr + s * sp_s + p_off, mask=omask, other=0.0, cache_modifier=".cg")
+                tl.store(out_ptr + o_off, tot.to(out_ptr.dtype.element_ty), mask=omask)
+                tl.atomic_xchg(cnt_ptr + tile, 0)
+
+    @triton.jit
     def _int8_kernel(
-        x_ptr,  # (M, K) activations
+        x_ptr,  # (M, K) activations, or (M, 2K) [gate | up] when GATED
         w_ptr,  # (N, K) int8 weight
         s_ptr,  # (N,) per-row scales
-        out_ptr,  # (M, N) output, or (SPLIT_K, M, N) fp32 partials
+        out_ptr,  # (M, N) output
+        part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
+        cnt_ptr,  # per-tile arrival counters, zero between launches
         M,  # rows of x
         N,  # output columns
         K,  # reduction length
         K_SPLIT,  # K columns per split (a multiple of BLOCK_K)
+        NSPLIT,  # programs along K per tile
         sx_m,  # row stride of x
         sw_n,  # row stride of w
-        so_s,  # out strides: split, row
-        so_m,
+        so_m,  # row stride of out
         GEMV: tl.constexpr,  # FMA path (one row of x per program) instead of tl.dot
+        GATED: tl.constexpr,  # x is [gate | up]: multiply silu(gate) * up
         BLOCK_M: tl.constexpr,  # rows per program on the tiled path
         BLOCK_N: tl.constexpr,  # output columns per program
         BLOCK_K: tl.constexpr,  # K per loop step
@@ -108,50 +150,56 @@ if triton is not None:
         mmask = rm < M
         # NOTE(h7): the loop runs to the split's end and masks against K (a tl.minimum bound breaks
         # triton 3.6's interpreter); K_SPLIT is a multiple of BLOCK_K, so only the last split masks.
-        k_end = K
         if GEMV:
+            # NOTE(h7): no int -> float conversion: those run at a quarter of the FP32 rate on Hopper.
+            # The byte as unsigned u = q + 128 goes into the top mantissa bits of 1.0, giving
+            # f = 1 + u / 256 exactly with one shift and one logic op; sum(q x) = 256 sum(f x) - 384 sum(x).
             acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+            xs = tl.zeros((BLOCK_K,), tl.float32)
             for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
-                kmask = rk < k_end
-                x = tl.load(x_ptr + rm * sx_m + rk, mask=kmask, other=0.0).to(tl.float32)  # (BLOCK_K,)
+                kmask = rk < K
+                x = _load_x(x_ptr + rm * sx_m + rk, kmask, K, GATED).to(tl.float32)  # (BLOCK_K,)
                 w = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
-                acc2 += w.to(tl.float32) * x[None, :]
-            acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
+                bits = (((w.to(tl.int32) << 15) ^ 0x400000) & 0x7F8000) | 0x3F800000
+                acc2 += bits.to(tl.float32, bitcast=True) * x[None, :]
+                xs += x
+            acc = (256.0 * tl.sum(acc2, axis=1) - 384.0 * tl.sum(xs, axis=0))[None, :]  # (1, BLOCK_N)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
             for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
-                kmask = rk < k_end
-                x = tl.load(x_ptr + rm[:, None] * sx_m + rk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+                kmask = rk < K
+                x = _load_x(x_ptr + rm[:, None] * sx_m + rk[None, :], mmask[:, None] & kmask[None, :], K, GATED)
                 w = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
                 if DOT_F32:
                     acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
                 else:
                     acc += tl.dot(x, tl.trans(w.to(x.dtype)))
         s = tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
-        acc = acc * s[None, :]
-        o = out_ptr + ks * so_s + rm[:, None] * so_m + rn[None, :]
-        tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+        _store_tile(acc * s[None, :], rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
 
     @triton.jit
     def _int4_kernel(
-        x_ptr,  # (M, K) activations
+        x_ptr,  # (M, K) activations, or (M, 2K) [gate | up] when GATED
         w_ptr,  # (N, K/2) uint8: column j low nibble, column j + K/2 high nibble
         s_ptr,  # (N, K/G) scales
         z_ptr,  # (N, K/G) zeros: w = (q - 8) * scale + zero
-        out_ptr,  # (M, N) output, or (SPLIT_K, M, N) fp32 partials
+        out_ptr,  # (M, N) output
+        part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
+        cnt_ptr,  # per-tile arrival counters, zero between launches
         M,  # rows of x
         N,  # output columns
         K2,  # K / 2: packed bytes per row
         K_SPLIT,  # bytes per split (a multiple of BLOCK_K)
+        NSPLIT,  # programs along K per tile
         sx_m,  # row stride of x
         sw_n,  # row stride of w
         ss_n,  # row stride of scales and zeros
-        so_s,  # out strides: split, row
-        so_m,
+        so_m,  # row stride of out
         G: tl.constexpr,  # group size (columns per scale)
         GEMV: tl.constexpr,  # FMA path (one row of x per program) instead of tl.dot
+        GATED: tl.constexpr,  # x is [gate | up]: multiply silu(gate) * up
         BLOCK_M: tl.constexpr,  # rows per program on the tiled path
         BLOCK_N: tl.constexpr,  # output columns per program
         BLOCK_K: tl.constexpr,  # bytes per loop step: GEMV a multiple of G, tiled a divisor of G
@@ -162,43 +210,27 @@ if triton is not None:
         ks = tl.program_id(2)
         nmask = rn < N
         mmask = rm < M
-        k_end = K2
         HI_GROUPS = K2 // G  # group index offset of the high half
-        if GEMV and BLOCK_K == G:
-            # one group per step and half: per-row scales, dequantize and FMA into a 2-D accumulator
-            acc1 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-            for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
-                rk = k0 + tl.arange(0, BLOCK_K)
-                kmask = rk < k_end
-                b = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
-                b = b.to(tl.int32)
-                gm = nmask & (k0 < k_end)
-                g_off = rn * ss_n + k0 // G
-                s_lo = tl.load(s_ptr + g_off, mask=gm, other=0.0).to(tl.float32)[:, None]
-                z_lo = tl.load(z_ptr + g_off, mask=gm, other=0.0).to(tl.float32)[:, None]
-                s_hi = tl.load(s_ptr + g_off + HI_GROUPS, mask=gm, other=0.0).to(tl.float32)[:, None]
-                z_hi = tl.load(z_ptr + g_off + HI_GROUPS, mask=gm, other=0.0).to(tl.float32)[:, None]
-                x_lo = tl.load(x_ptr + rm * sx_m + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
-                x_hi = tl.load(x_ptr + rm * sx_m + K2 + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
-                w_lo = ((b & 0xF).to(tl.float32) - 8.0) * s_lo + z_lo  # (BLOCK_N, BLOCK_K)
-                w_hi = ((b >> 4).to(tl.float32) - 8.0) * s_hi + z_hi
-                acc1 += w_lo * x_lo + w_hi * x_hi
-            acc = tl.sum(acc1, axis=1)[None, :]  # (1, BLOCK_N)
-        elif GEMV:
+        if GEMV:
+            # NOTE(h7): no int -> float conversion (a quarter of the FP32 rate on Hopper; two a byte
+            # capped this loop at ~1.9 TB/s). After one shift the low nibble sits in mantissa bits
+            # 12-15 and the high one in 16-19: or-ed into 1.0 they give f = 1 + q / c exactly (c = 2048,
+            # 128). Per group, sum((q - 8) s x + z x) = c s sum(f x) + (z - (c + 8) s) sum(x).
             NG: tl.constexpr = BLOCK_K // G  # groups per step and half
             acc2 = tl.zeros((BLOCK_N, NG), tl.float32)
             for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
-                kmask = rk < k_end
+                kmask = rk < K2
                 rg = k0 // G + tl.arange(0, NG)
-                gmask = nmask[:, None] & (rg < K2 // G)[None, :]
+                gmask = nmask[:, None] & (rg < HI_GROUPS)[None, :]
                 b = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
-                b = b.to(tl.int32)
-                x_lo = tl.load(x_ptr + rm * sx_m + rk, mask=kmask, other=0.0).to(tl.float32)  # (BLOCK_K,)
-                x_hi = tl.load(x_ptr + rm * sx_m + K2 + rk, mask=kmask, other=0.0).to(tl.float32)
-                # per group: scale * sum(q x) + (zero - 8 scale) * sum(x)
-                qx_lo = tl.sum(tl.reshape((b & 0xF).to(tl.float32) * x_lo[None, :], (BLOCK_N, NG, G)), axis=2)
-                qx_hi = tl.sum(tl.reshape((b >> 4).to(tl.float32) * x_hi[None, :], (BLOCK_N, NG, G)), axis=2)
+                b = b.to(tl.int32) << 12
+                f_lo = ((b & 0xF000) | 0x3F800000).to(tl.float32, bitcast=True)
+                f_hi = ((b & 0xF0000) | 0x3F800000).to(tl.float32, bitcast=True)
+                x_lo = _load_x(x_ptr + rm * sx_m + rk, kmask, 2 * K2, GATED).to(tl.float32)  # (BLOCK_K,)
+                x_hi = _load_x(x_ptr + rm * sx_m + K2 + rk, kmask, 2 * K2, GATED).to(tl.float32)
+                t_lo = tl.sum(tl.reshape(f_lo * x_lo[None, :], (BLOCK_N, NG, G)), axis=2)  # (BLOCK_N, NG)
+                t_hi = tl.sum(tl.reshape(f_hi * x_hi[None, :], (BLOCK_N, NG, G)), axis=2)
                 xs_lo = tl.sum(tl.reshape(x_lo, (NG, G)), axis=1)[None, :]  # (1, NG)
                 xs_hi = tl.sum(tl.reshape(x_hi, (NG, G)), axis=1)[None, :]
                 s_off = rn[:, None] * ss_n + rg[None, :]
@@ -206,13 +238,14 @@ if triton is not None:
                 z_lo = tl.load(z_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
                 s_hi = tl.load(s_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)
                 z_hi = tl.load(z_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)
-                acc2 += s_lo * qx_lo + (z_lo - 8.0 * s_lo) * xs_lo + s_hi * qx_hi + (z_hi - 8.0 * s_hi) * xs_hi
+                acc2 += (2048.0 * s_lo) * t_lo + (z_lo - 2056.0 * s_lo) * xs_lo
+                acc2 += (128.0 * s_hi) * t_hi + (z_hi - 136.0 * s_hi) * xs_hi
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
             for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
-                kmask = rk < k_end
+                kmask = rk < K2
                 b = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
                 b = b.to(tl.int32)
                 g_off = rn * ss_n + k0 // G  # one group per step and half: BLOCK_K divides G
@@ -221,18 +254,39 @@ if triton is not None:
                 s_hi = tl.load(s_ptr + g_off + HI_GROUPS, mask=nmask, other=0.0).to(tl.float32)[:, None]
                 z_hi = tl.load(z_ptr + g_off + HI_GROUPS, mask=nmask, other=0.0).to(tl.float32)[:, None]
                 xmask = mmask[:, None] & kmask[None, :]
-                x_lo = tl.load(x_ptr + rm[:, None] * sx_m + rk[None, :], mask=xmask, other=0.0)
-                x_hi = tl.load(x_ptr + rm[:, None] * sx_m + K2 + rk[None, :], mask=xmask, other=0.0)
-                w_lo = ((b & 0xF).to(tl.float32) - 8.0) * s_lo + z_lo  # (BLOCK_N, BLOCK_K)
-                w_hi = ((b >> 4).to(tl.float32) - 8.0) * s_hi + z_hi
+                x_lo = _load_x(x_ptr + rm[:, None] * sx_m + rk[None, :], xmask, 2 * K2, GATED)
+                x_hi = _load_x(x_ptr + rm[:, None] * sx_m + K2 + rk[None, :], xmask, 2 * K2, GATED)
+                # the nibble in mantissa bits 19-22 of 1.0: f = 1 + q / 16, so w = 16 s f + z - 24 s (no I2F)
+                f_lo = (((b << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                f_hi = (((b << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                w_lo = f_lo * (16.0 * s_lo) + (z_lo - 24.0 * s_lo)  # (BLOCK_N, BLOCK_K)
+                w_hi = f_hi * (16.0 * s_hi) + (z_hi - 24.0 * s_hi)
                 if DOT_F32:
                     acc += tl.dot(x_lo.to(tl.float32), tl.trans(w_lo))
                     acc += tl.dot(x_hi.to(tl.float32), tl.trans(w_hi))
                 else:
                     acc += tl.dot(x_lo, tl.trans(w_lo.to(x_lo.dtype)))
                     acc += tl.dot(x_hi, tl.trans(w_hi.to(x_hi.dtype)))
-        o = out_ptr + ks * so_s + rm[:, None] * so_m + rn[None, :]
-        tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_ALL_COUNTERS: list[torch.Tensor] = []
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Split-K arrival counters for ``tiles`` output tiles: zero between launches, shared by all launches.
+
+    NOTE(h7): every launch leaves its counters at zero, so launches in one stream can share them; two
+    streams running split-K matmuls at the same time could not. A buffer is never freed once made: a
+    captured CUDA graph keeps its address.
+    """
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < tiles:
+        buf = torch.zeros(max(tiles, 1 << 14), dtype=torch.int32, device=device)
+        _ALL_COUNTERS.append(buf)
+        _COUNTERS[device] = buf
+    return buf
 
 
 def _launch(
@@ -243,9 +297,10 @@ def _launch(
     cfg: Config,
     tensors: tuple[torch.Tensor, ...],
     strides: tuple[int, ...],
+    gated: bool,
     **constexprs: int,
 ) -> torch.Tensor:
-    """Run ``kernel`` over the grid ``cfg`` asks for and reduce split-K partials.
+    """Run ``kernel`` over the grid ``cfg`` asks for; split-K partials are reduced inside the launch.
 
     ``k_cols`` is the K extent the kernel iterates (packed bytes per half for int4).
     """
@@ -255,59 +310,65 @@ def _launch(
     split = -(-k_cols // k_split)
     gemv = cfg.path == "gemv"
     grid = (m if gemv else -(-m // cfg.block_m), -(-n // cfg.block_n), split)
-    if split == 1:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        so_s = 0
-    else:
-        out = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-        so_s = out.stride(0)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    part, counters = out, out  # placeholders without split-K: never read
+    if split > 1:
+        part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+        counters = _counters(x.device, grid[0] * grid[1])
     kernel[grid](  # type: ignore[index]
         x,
         *tensors,
         out,
+        part,
+        counters,
         m,
         n,
         k_cols,
         k_split,
+        split,
         *strides,
-        so_s,
-        out.stride(-2),
+        out.stride(0),
         **constexprs,
         GEMV=gemv,
+        GATED=gated,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         DOT_F32=dot_in_fp32() or x.dtype == torch.float32,
         num_warps=cfg.num_warps,
     )
-    return out if split == 1 else out.sum(0).to(x.dtype)
+    return out
 
 
-def _check_x(x: torch.Tensor, k: int) -> None:
-    check(x.dim() == 2 and x.shape[1] == k, f"x must be (M, {k}), got {tuple(x.shape)}")
+def _check_x(x: torch.Tensor, k: int, gated: bool) -> None:
+    cols = 2 * k if gated else k
+    check(x.dim() == 2 and x.shape[1] == cols, f"x must be (M, {cols}), got {tuple(x.shape)}")
     check_dtype("x", x, torch.float32, torch.float16, torch.bfloat16)
 
 
 def int8_matmul(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: Config | None = None
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: Config | None = None, *, gated: bool = False
 ) -> torch.Tensor:
     """``(M, K) @ (N, K).T -> (M, N)`` with an int8 per-channel weight (``reference.quantize_int8``).
+
+    With ``gated``, x is ``(M, 2K)`` ``[gate | up]`` and the product is ``silu_and_mul(x) @ W.T``,
+    the activation fused into the matmul's loads.
 
     Raises:
         ValueError: shapes, dtypes or strides the kernel cannot take.
     """
     check(qweight.dim() == 2, f"qweight must be (N, K), got {tuple(qweight.shape)}")
     n, k = qweight.shape
-    _check_x(x, k)
+    _check_x(x, k, gated)
     check_dtype("qweight", qweight, torch.int8)
     check(scales.shape == (n,), f"scales must be ({n},), got {tuple(scales.shape)}")
     if not can_launch(x, qweight, scales):
-        return reference.int8_matmul(x, qweight, scales)
+        return reference.int8_matmul(reference.silu_and_mul(x) if gated else x, qweight, scales)
     check_last_contiguous("x", x)
     check_last_contiguous("qweight", qweight)
     check(scales.is_contiguous(), "scales must be contiguous")
     cfg = config or _CONFIGS.get(("int8", x.shape[0], n, k)) or _default_config("int8", x.shape[0], n, k, 1, x.device)
-    return _launch(_int8_kernel, x, n, k, cfg, (qweight, scales), (x.stride(0), qweight.stride(0)))
+    return _launch(_int8_kernel, x, n, k, cfg, (qweight, scales), (x.stride(0), qweight.stride(0)), gated)
 
 
 def int4_matmul(
@@ -317,8 +378,12 @@ def int4_matmul(
     zeros: torch.Tensor,
     group_size: int,
     config: Config | None = None,
+    *,
+    gated: bool = False,
 ) -> torch.Tensor:
     """``(M, K) @ W.T -> (M, N)`` with a group-wise int4 weight in the ``reference.quantize_int4`` layout.
+
+    With ``gated``, x is ``(M, 2K)`` ``[gate | up]`` and the product is ``silu_and_mul(x) @ W.T``.
 
     Raises:
         ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
@@ -326,7 +391,7 @@ def int4_matmul(
     check(packed.dim() == 2, f"packed must be (N, K/2), got {tuple(packed.shape)}")
     n, k2 = packed.shape
     k = 2 * k2
-    _check_x(x, k)
+    _check_x(x, k, gated)
     check_dtype("packed", packed, torch.uint8)
     check(
         group_size >= 16 and group_size & (group_size - 1) == 0,
@@ -338,7 +403,7 @@ def int4_matmul(
         f"scales and zeros must be ({n}, {k // group_size})",
     )
     if not can_launch(x, packed, scales, zeros):
-        return reference.int4_matmul(x, packed, scales, zeros, group_size)
+        return reference.int4_matmul(reference.silu_and_mul(x) if gated else x, packed, scales, zeros, group_size)
     check_last_contiguous("x", x)
     check(
         packed.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous(),
@@ -363,5 +428,6 @@ def int4_matmul(
         cfg,
         (packed, scales, zeros),
         (x.stride(0), packed.stride(0), scales.stride(0)),
+        gated,
         G=group_size,
     )

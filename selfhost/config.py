@@ -102,10 +102,19 @@ class EngineConfig:
     device: str = "cpu"
     """Torch device."""
     quantization: Quantization = "none"
-    """Weight-only quantization of the linear layers and LM head (CPU kernels): ``int8`` per output
-    channel, ``int4`` per group of ``quant_group_size`` columns; ``none`` keeps float weights."""
+    """Weight-only quantization of the linear layers and LM head (CPU kernels, or the Triton kernels on
+    CUDA): ``int8`` per output channel, ``int4`` per group of ``quant_group_size`` columns; ``none``
+    keeps float weights."""
     quant_group_size: int = 32
     """Input columns sharing one int4 scale and zero (32, 64, 128 or 256)."""
+    use_kernels: bool | None = None
+    """Run the model on the Triton kernels (``models.fused``); None: on CUDA devices only. True on the
+    CPU needs ``TRITON_INTERPRET=1`` (tests); without it the kernels fall back to their references."""
+    enforce_eager: bool = False
+    """Never replay CUDA graphs (decode steps then launch every kernel from Python)."""
+    cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+    """Decode batch sizes captured in CUDA graphs (a batch is padded to the next one); capped at
+    ``max_num_seqs``, whose own size is always captured."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks across requests by chained block hash."""
     salt_by_tenant: bool = True
@@ -130,7 +139,20 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.quant_group_size not in (32, 64, 128, 256):
             raise ValueError(f"quant_group_size must be 32, 64, 128 or 256, got {self.quant_group_size}")
-        if self.quantization != "none" and self.device != "cpu":
-            raise ValueError(f"quantization {self.quantization!r} runs only on the CPU, not on {self.device!r}")
+        if self.quantization != "none" and self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"quantization {self.quantization!r} runs on the CPU or CUDA, not on {self.device!r}")
+        if any(b <= 0 for b in self.cuda_graph_batch_sizes):
+            raise ValueError(f"cuda_graph_batch_sizes must be positive, got {self.cuda_graph_batch_sizes}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+
+    @property
+    def kernels_enabled(self) -> bool:
+        """Whether the model runs on the Triton kernels (``use_kernels``, or by default on CUDA)."""
+        return self.device.startswith("cuda") if self.use_kernels is None else self.use_kernels
+
+    def graph_batch_sizes(self) -> tuple[int, ...]:
+        """The decode batch sizes to capture (none unless the kernels run on CUDA and graphs are on)."""
+        if self.enforce_eager or not self.kernels_enabled or not self.device.startswith("cuda"):
+            return ()
+        return tuple(sorted({b for b in self.cuda_graph_batch_sizes if b < self.max_num_seqs} | {self.max_num_seqs}))

@@ -61,7 +61,17 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         eos = set(model_config.eos_token_ids) | set(tokenizer.eos_token_ids if tokenizer else ())
         self.scheduler = Scheduler(cfg, self.kv, self.max_model_len, eos)
-        self.runner = ModelRunner(model, model_config, num_blocks, cfg.block_size, dtype, cfg.device)
+        self.runner = ModelRunner(
+            model,
+            model_config,
+            num_blocks,
+            cfg.block_size,
+            dtype,
+            cfg.device,
+            use_kernels=cfg.kernels_enabled,
+            graph_batch_sizes=cfg.graph_batch_sizes(),
+            max_model_len=self.max_model_len,
+        )
         self.outputs = OutputProcessor(tokenizer)
         self.metrics = EngineMetrics(model_config, cfg, model.weight_bytes(), block_bytes // cfg.block_size)
 
@@ -81,7 +91,7 @@ class LLMEngine:
         tokenizer = load_tokenizer(path, model_cfg.eos_token_ids, model_cfg.bos_token_id)
         name = str(model) if not Path(str(model)).exists() else path.stem
         net = net.to(cfg.device)
-        net.quantize(cfg.quantization, cfg.quant_group_size)
+        net.quantize(cfg.quantization, cfg.quant_group_size, kernels=cfg.kernels_enabled)
         return cls(net, model_cfg, tokenizer, cfg, model_name=name)
 
     # requests in

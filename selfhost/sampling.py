@@ -81,9 +81,17 @@ class SamplerOutput(NamedTuple):
 
 def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
     """Pick the next token of each request from its ``(B, V)`` fp32 logits row."""
-    token_ids: list[int] = logits.argmax(dim=-1).tolist()  # greedy for all, then overwrite the random ones
+    # NOTE(crossway): on a GPU everything below stays on the device until one ``tolist`` of the
+    # picked ids: greedy rows take the argmax, unseeded random rows are sampled together in one
+    # batched pass, and only seeded rows (their generator is a CPU one) go through the row path.
+    picked = logits.argmax(dim=-1)  # (B,) greedy for all, then overwrite the random ones
+    batched = [i for i, req in enumerate(requests) if not req.params.greedy and req.generator is None]
+    if batched:
+        rows = torch.tensor(batched, dtype=torch.long, device=logits.device)
+        picked[rows] = _sample_rows(logits[rows], [requests[i].params for i in batched])
+    token_ids: list[int] = picked.tolist()
     for i, req in enumerate(requests):
-        if not req.params.greedy:
+        if not req.params.greedy and req.generator is not None:
             token_ids[i] = _sample_row(logits[i], req.params, req.generator)
     out_logprobs: list[TokenLogprobs | None] = [None] * len(requests)
     wanted = [i for i, req in enumerate(requests) if req.params.logprobs is not None]
@@ -100,7 +108,28 @@ def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
     return SamplerOutput(token_ids, out_logprobs)
 
 
+def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """``(R, V)`` logits -> ``(R,)`` sampled ids, each row with its own temperature, top-k and top-p (as ``_sample_row``)."""
+    device = logits.device
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
+    scaled = logits / temps.unsqueeze(1)  # (R, V)
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)  # (R, V)
+    vocab = logits.shape[1]
+    ks = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=device)
+    # top-k keeps every token tied with the k-th, as ``_sample_row``'s ``scaled < kth`` test does
+    kth = sorted_logits.gather(1, (ks - 1).unsqueeze(1))  # (R, 1)
+    drop = sorted_logits < kth
+    top_ps = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=device).unsqueeze(1)
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+    drop |= (probs.cumsum(-1) - probs) >= top_ps  # the most likely token always survives
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)  # (R, V) renormalised
+    choice = torch.multinomial(probs, 1)  # (R, 1) index into the sorted order
+    return order.gather(1, choice).squeeze(1)
+
+
 def _sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    if generator is not None and generator.device != logits.device:
+        logits = logits.to(generator.device)  # a seeded request's generator lives on the CPU
     scaled = logits / params.temperature  # (V,)
     if params.top_k > 0:
         kth = scaled.topk(min(params.top_k, scaled.shape[0])).values[-1]

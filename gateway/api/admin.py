@@ -1,5 +1,8 @@
 """Admin routes under ``/admin`` (admin key from ``CROSSWAY_ADMIN_KEY``): tenants and API keys.
 
+Also the two guards every ``/admin`` route starts with: ``require_admin`` (the admin key; the read-only
+finance key from ``CROSSWAY_FINANCE_KEY`` gets a 403) and ``require_reader`` (either key).
+
 Owns the HTTP shape of key management; the work is ``gateway.store.keys.KeyStore``'s. A revoke
 here takes effect on this replica at once (the authenticator forgets the key) and on others within
 ``Settings.key_cache_ttl_s``.
@@ -14,7 +17,7 @@ from litestar import Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.params import FromPath, FromQuery
 
-from gateway.auth import bearer_key, check_admin
+from gateway.auth import AdminRole, admin_role, bearer_key, check_admin
 from gateway.errors import InvalidRequest, NotFound
 from gateway.store.keys import ConflictError, KeyInfo, NotFoundError, TenantInfo
 
@@ -29,10 +32,24 @@ class _NewKey(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def require_admin(request: Request[Any, Any, Any], state: State) -> None:
-    """Let the request through only with the admin key (every ``/admin`` route starts with this)."""
-    check_admin(
-        bearer_key(request.headers.get("authorization"), request.headers.get("x-api-key")), state.settings.admin_key
-    )
+    """Let the request through only with the admin key; the read-only finance key gets a 403.
+
+    Every ``/admin`` route that changes something, or reads keys and tenants, starts with this.
+    """
+    check_admin(_presented(request), state.settings.admin_key, state.settings.finance_key)
+
+
+def require_reader(request: Request[Any, Any, Any], state: State) -> AdminRole:
+    """Let a read-only ``/admin`` request through with the admin key or the finance key.
+
+    Returns:
+        Which of the two keys it presented.
+    """
+    return admin_role(_presented(request), state.settings.admin_key, state.settings.finance_key)
+
+
+def _presented(request: Request[Any, Any, Any]) -> str | None:
+    return bearer_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
 
 
 def decode_body(body: bytes, kind: type[Any]) -> Any:

@@ -18,7 +18,7 @@ from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from gateway.api import admin, anthropic, cache, finance, health, openai, policies
+from gateway.api import admin, anthropic, cache, dashboard, finance, health, openai, policies
 from gateway.api.errors import handle_exception
 from gateway.auth import Authenticator
 from gateway.cache.responses import ResponseCache
@@ -66,9 +66,15 @@ def create_app(settings: Settings) -> Litestar:
         metrics = Metrics()
         runtime = Runtime(policy, client, metrics)
         responses = ResponseCache(build_store(settings.redis_url, settings.cache_memory_bytes))
-        ledger = build_ledger(db, redis)
+        ledger = build_ledger(db, redis, engines=lambda t: runtime.policy.providers.get(t.provider))
+        metrics.watch_ledger(lambda: ledger.writer.pending)
         pipeline = Pipeline(
-            settings, Authenticator(keys, settings.key_cache_ttl_s), runtime, metrics, responses, ledger=ledger
+            settings,
+            Authenticator(keys, settings.key_cache_ttl_s),
+            runtime,
+            metrics,
+            responses,
+            ledger=ledger if settings.ledger else None,
         )
         policy_store = PolicyStore(db)
         watcher = PolicyWatcher(
@@ -121,6 +127,7 @@ def create_app(settings: Settings) -> Litestar:
             *policies.ROUTES,
             *cache.ROUTES,
             *finance.ROUTES,
+            *dashboard.ROUTES,
         ],
         lifespan=[lifespan],
         exception_handlers={Exception: handle_exception},

@@ -11,25 +11,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import msgspec
 from litestar import Request, Response, delete, get
 from litestar.datastructures import State
 from litestar.params import FromPath
 
-from gateway.auth import bearer_key, check_admin
+from gateway.api.admin import json_response, require_admin
 from gateway.cache.responses import ResponseCache
 
 
 def _admin(request: Request[Any, Any, Any], state: State) -> ResponseCache:
-    check_admin(
-        bearer_key(request.headers.get("authorization"), request.headers.get("x-api-key")), state.settings.admin_key
-    )
+    require_admin(request, state)
     cache: ResponseCache = state.pipeline.cache
     return cache
-
-
-def _json(obj: Any) -> Response[bytes]:
-    return Response(msgspec.json.encode(obj), media_type="application/json")
 
 
 @get("/admin/cache/stats", summary="Response cache statistics")
@@ -44,7 +37,7 @@ async def cache_stats(request: Request[Any, Any, Any], state: State) -> Response
             **dataclasses.asdict(s),
             "hit_rate": round(s.hits / looked_up, 4) if looked_up else None,
         }
-    return _json(
+    return json_response(
         {
             "backend": info.backend,
             "available": cache.store.available,
@@ -62,14 +55,14 @@ async def cache_stats(request: Request[Any, Any, Any], state: State) -> Response
 async def purge_tenant(request: Request[Any, Any, Any], state: State, tenant: FromPath[str]) -> Response[bytes]:
     """Remove every entry of a tenant (``*`` for entries shared across tenants)."""
     cache = _admin(request, state)
-    return _json({"tenant": tenant, "purged": await cache.purge_tenant(tenant)})
+    return json_response({"tenant": tenant, "purged": await cache.purge_tenant(tenant)})
 
 
 @delete("/admin/cache/entries/{key:str}", status_code=200, summary="Purge one cache entry")
 async def purge_entry(request: Request[Any, Any, Any], state: State, key: FromPath[str]) -> Response[bytes]:
     """Remove one entry by the key a response carried in ``x-crossway-cache-key``."""
     cache = _admin(request, state)
-    return _json({"key": key, "purged": await cache.purge_key(key)})
+    return json_response({"key": key, "purged": await cache.purge_key(key)})
 
 
 ROUTES = [cache_stats, purge_tenant, purge_entry]

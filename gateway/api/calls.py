@@ -11,20 +11,20 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 from litestar import Request, Response
 from litestar.response import Stream
 
 from gateway.api.errors import to_gateway_error
+from gateway.api.sse import EventStream, StreamEncoder
 from gateway.auth import bearer_key
 from gateway.cache.responses import DIRECTIVES, Directive
 from gateway.dispatch import Dispatched
-from gateway.errors import GatewayError
 from gateway.pipeline import Call, Completion, Streamed
-from gateway.types import ChatResponse, StreamEvent
+from gateway.types import ChatResponse
 
 log = structlog.get_logger("gateway.api")
 
@@ -65,14 +65,6 @@ def served_headers(call: Call, served_by: Dispatched, slo: str | None = None) ->
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-class StreamEncoder(Protocol):
-    """A wire format's stream encoder (``gateway.wire.openai.StreamEncoder`` or the Anthropic one)."""
-
-    def encode(self, event: StreamEvent) -> bytes: ...  # noqa: D102
-    def close(self) -> bytes: ...  # noqa: D102
-    def error(self, exc: GatewayError) -> bytes: ...  # noqa: D102
-
-
 def respond(
     request: Request[Any, Any, Any],
     call: Call,
@@ -85,21 +77,11 @@ def respond(
     headers = served_headers(call, result.served_by, result.slo)
     if result.cache is not None:
         headers.update(result.cache.headers())
+    if result.admission is not None:  # rate-limit standing, in the caller's vendor's names
+        headers.update(result.admission.headers("anthropic" if call.endpoint == "messages" else "openai"))
     if isinstance(result, Completion):
         return Response(encode(result.response, response_id), media_type="application/json", headers=headers)
     encoder = stream_encoder(result, response_id)
-    return Stream(_sse(request, encoder, result), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-
-
-async def _sse(request: Request[Any, Any, Any], encoder: StreamEncoder, streamed: Streamed) -> AsyncIterator[bytes]:
-    """Encode a stream; an error after the first byte becomes an error event, never a clean end."""
-    try:
-        async for event in streamed.events:
-            chunk = encoder.encode(event)
-            if chunk:
-                yield chunk
-        yield encoder.close()
-    except Exception as exc:  # noqa: BLE001 - whatever broke, the client must see an error, not a clean close
-        err = to_gateway_error(request, exc)
-        log.error("stream_failed", status=err.status_code, error=type(err).__name__, message=err.message)
-        yield encoder.error(err)
+    return EventStream(
+        result.events, encoder, lambda exc: to_gateway_error(request, exc), headers={**SSE_HEADERS, **headers}
+    )

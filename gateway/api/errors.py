@@ -67,4 +67,6 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
     headers = {"x-request-id": request.scope.get("state", {}).get("request_id") or secrets.token_hex(12)}
     if isinstance(err, RateLimited | ProviderRateLimited) and err.retry_after is not None:
         headers["retry-after"] = str(max(1, round(err.retry_after)))
+    if isinstance(err, RateLimited) and err.headers_for is not None:  # where the caller stands, as on a success
+        headers.update(err.headers_for("anthropic" if is_anthropic(request.url.path) else "openai"))
     return Response(body, status_code=err.status_code, media_type="application/json", headers=headers)

@@ -1,4 +1,6 @@
-"""Finance routes under ``/admin/finance`` (admin key): spend, CSV, goodput, budgets, limits, prices.
+"""Finance routes under ``/admin/finance``: spend, CSV, goodput, budgets, limits, prices.
+
+The ``GET`` routes take the admin key or the read-only finance key; the writes only the admin key.
 
 Owns the HTTP shape; the queries are ``gateway.ledger.reports``'s, limits ``LimitStore``'s and prices
 ``gateway.ledger.prices``'. Ranges are ``start`` (inclusive) and ``end`` (exclusive) ISO-8601 times,
@@ -17,13 +19,13 @@ from litestar import Request, Response, get, post, put
 from litestar.datastructures import State
 from litestar.params import FromQuery
 
-from gateway.api.admin import json_response, require_admin
+from gateway.api.admin import json_response, require_admin, require_reader
 from gateway.errors import InvalidRequest
 from gateway.ledger import Limits
 from gateway.ledger.budget import period_of, period_start
 from gateway.ledger.prices import add_price
 from gateway.ledger.record import NANOS_PER_USD
-from gateway.ledger.reports import GROUPS, goodput, spend
+from gateway.ledger.reports import GOODPUT_GROUPS, GROUPS, goodput, spend
 from gateway.policy import Price
 
 
@@ -55,11 +57,11 @@ def _range(start: str | None, end: str | None) -> tuple[datetime, datetime]:
     return (lo if lo.tzinfo else lo.replace(tzinfo=UTC)), (hi if hi.tzinfo else hi.replace(tzinfo=UTC))
 
 
-def _groups(group_by: str) -> list[Any]:
+def _groups(group_by: str, known: tuple[str, ...] = GROUPS) -> list[Any]:
     groups = [g for g in group_by.split(",") if g]
-    bad = [g for g in groups if g not in GROUPS]
+    bad = [g for g in groups if g not in known]
     if bad:
-        raise InvalidRequest(f"Unknown group {bad[0]!r} (known: {', '.join(GROUPS)}).", param="group_by")
+        raise InvalidRequest(f"Unknown group {bad[0]!r} (known: {', '.join(known)}).", param="group_by")
     return groups
 
 
@@ -72,7 +74,7 @@ async def get_spend(
     group_by: FromQuery[str] = "tenant",
 ) -> Response[bytes]:
     """Requests, tokens and cost per group over a range."""
-    require_admin(request, state)
+    require_reader(request, state)
     lo, hi = _range(start, end)
     rows = await spend(state.db, lo, hi, _groups(group_by))
     return json_response({"start": lo.isoformat(), "end": hi.isoformat(), "data": rows})
@@ -87,12 +89,21 @@ async def get_spend_csv(
     group_by: FromQuery[str] = "tenant,model,provider,day",
 ) -> Response[bytes]:
     """The same figures as ``/admin/finance/spend``, one CSV row per group."""
-    require_admin(request, state)
+    require_reader(request, state)
     lo, hi = _range(start, end)
     groups = _groups(group_by)
     rows = await spend(state.db, lo, hi, groups)
     out = io.StringIO()
-    fields = [*groups, "requests", "input_tokens", "cached_input_tokens", "output_tokens", "cost_usd", "saved_usd"]
+    fields = [
+        *groups,
+        "requests",
+        "failed",
+        "input_tokens",
+        "cached_input_tokens",
+        "output_tokens",
+        "cost_usd",
+        "saved_usd",
+    ]
     writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     for row in rows:
@@ -110,17 +121,23 @@ async def get_goodput(
     state: State,
     start: FromQuery[str | None] = None,
     end: FromQuery[str | None] = None,
+    group_by: FromQuery[str] = "tenant,deployment,slo_class",
 ) -> Response[bytes]:
-    """Share of requests meeting their SLO, SLO-met requests per second, cost per SLO-met request, latency quantiles."""
-    require_admin(request, state)
+    """Share of requests meeting their SLO, SLO-met requests per second, cost per SLO-met request, latency quantiles.
+
+    ``group_by`` takes ``tenant``, ``deployment``, ``slo_class`` and ``day`` (``day`` alone: a series over time).
+    """
+    require_reader(request, state)
     lo, hi = _range(start, end)
-    return json_response({"start": lo.isoformat(), "end": hi.isoformat(), "data": await goodput(state.db, lo, hi)})
+    groups = _groups(group_by, GOODPUT_GROUPS)
+    data = await goodput(state.db, lo, hi, groups)
+    return json_response({"start": lo.isoformat(), "end": hi.isoformat(), "data": data})
 
 
 @get("/admin/finance/budgets", summary="Budget status")
 async def get_budgets(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Every scope with a budget: limits, this month's spend and what requests in flight have reserved."""
-    require_admin(request, state)
+    require_reader(request, state)
     ledger = state.ledger
     period = period_of(datetime.now(UTC))
     data = []
@@ -152,7 +169,7 @@ async def put_limits(request: Request[Any, Any, Any], state: State) -> Response[
 @get("/admin/finance/prices", summary="Price versions")
 async def get_prices(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Every price version, oldest first per deployment."""
-    require_admin(request, state)
+    require_reader(request, state)
     return json_response({"data": [
         {"id": v.id, "deployment": v.deployment, "effective_from": v.effective_from.isoformat(),
          "input": v.price.input, "output": v.price.output, "cached_input": v.price.cached_input, "author": v.author}

@@ -1,4 +1,6 @@
-"""Admin routes for routing policies (admin key): list, read, validate, save, history, rollback, explain.
+"""Admin routes for routing policies: list, read, validate, save, history, rollback, explain.
+
+Listing, reading and history take the admin key or the read-only finance key; the rest only the admin key.
 
 Owns the HTTP shape of policy administration. Saving validates first (a policy that does not compile
 is a 400 naming the file, key path and problem, and nothing is stored), then appends a version
@@ -21,7 +23,7 @@ from litestar import Request, Response, get, post, put
 from litestar.datastructures import State
 from litestar.params import FromPath, FromQuery
 
-from gateway.api.admin import decode_body, json_response, require_admin
+from gateway.api.admin import decode_body, json_response, require_admin, require_reader
 from gateway.errors import InvalidRequest, NotFound
 from gateway.policy import PolicyError, parse_policy
 from gateway.store.keys import NotFoundError
@@ -87,7 +89,7 @@ def _compile(state: State, text: str, source: str) -> Policy:
 @get("/admin/policies", summary="List policies")
 async def list_policies(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """The newest version of every stored policy, and which one this gateway serves."""
-    require_admin(request, state)
+    require_reader(request, state)
     live = state.pipeline.runtime.live
     return json_response(
         {
@@ -102,7 +104,7 @@ async def read_policy(
     request: Request[Any, Any, Any], state: State, name: FromPath[str], version: FromQuery[int | None] = None
 ) -> Response[bytes]:
     """The newest version of a policy, or ``?version=N``."""
-    require_admin(request, state)
+    require_reader(request, state)
     try:
         info = await state.policy_store.get(name, version) if version else await state.policy_store.latest(name)
     except NotFoundError as exc:
@@ -115,7 +117,7 @@ async def read_policy(
 @get("/admin/policies/{name:str}/history", summary="A policy's versions")
 async def policy_history(request: Request[Any, Any, Any], state: State, name: FromPath[str]) -> Response[bytes]:
     """Every version, newest first, with author, time, comment and diff."""
-    require_admin(request, state)
+    require_reader(request, state)
     try:
         return json_response({"data": [_info(p, body=False) for p in await state.policy_store.history(name)]})
     except NotFoundError as exc:

@@ -53,6 +53,7 @@ EXCLUDED: dict[str, str] = {
     "user": "an end-user id for the vendor's abuse monitoring; it does not change the answer",
     "wire": "a hit is re-encoded in the caller's wire format; wire-specific extras are keyed",
     "tenant": "the key's scope, unless the policy shares the cache across tenants",
+    "stable_prefix": "derived from the tools and messages, which are keyed",
 }
 """``ChatRequest`` fields left out of the key, with the reason."""
 

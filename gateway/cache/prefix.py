@@ -6,7 +6,8 @@ bytes (as the engine's KV blocks chain their parent's hash), so two prompts shar
 exactly when they share everything up to and including that block.
 
 Owns the blocks and hashes and OpenAI's ``prompt_cache_key`` (tenant + the stable tools-and-system
-prefix). ``stable_prefix(...).hash`` is the key for prefix affinity to an engine replica. Does not
+prefix). ``request_prefix`` computes a request's stable prefix once and keeps it on the request: its
+hash is also the key for prefix affinity to an engine replica (``gateway.pipeline.workload``). Does not
 own the Anthropic ``cache_control`` markup (``gateway.providers.anthropic`` places it, sized with
 these blocks) nor choosing replicas (``gateway.router``, by rendezvous hashing on that key).
 """
@@ -14,9 +15,11 @@ these blocks) nor choosing replicas (``gateway.router``, by rendezvous hashing o
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import msgspec
+
+from gateway.types import PrefixBlock
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -32,21 +35,14 @@ Anthropic's smallest cacheable prefix is 1024 tokens (more on some models: a sho
 not cached, without an error)."""
 
 
-class PrefixBlock(NamedTuple):
-    """One leading block of a prompt."""
-
-    kind: str
-    """``tools``, ``system`` or the turn's role."""
-    hash: str
-    """Chained SHA-256 hex of every block up to and including this one."""
-    chars: int
-    """Characters of every block up to and including this one (a size estimate, not a token count)."""
+__all__ = ["PrefixBlock", "prefix_blocks", "prompt_cache_key", "request_prefix", "stable_prefix"]
 
 
-def prefix_blocks(request: ChatRequest) -> list[PrefixBlock]:
+def prefix_blocks(request: ChatRequest, *, stable_only: bool = False) -> list[PrefixBlock]:
     """The prompt's blocks in cache order, each with its chained hash and cumulative size.
 
     Leading system messages form one ``system`` block; later system messages count as turns.
+    ``stable_only`` stops before the first turn (the tools-and-system blocks, without hashing the turns).
     """
     parts: list[tuple[str, bytes, int]] = []
     if request.tools:
@@ -59,7 +55,7 @@ def prefix_blocks(request: ChatRequest) -> list[PrefixBlock]:
     if start:
         texts = [m.text() for m in messages[:start]]
         parts.append(("system", _encoder.encode(texts), sum(map(len, texts))))
-    for m in messages[start:]:
+    for m in () if stable_only else messages[start:]:
         raw = _encoder.encode(m)
         parts.append((m.role, raw, len(m.text()) + sum(len(c.arguments) for c in m.tool_calls)))
     blocks: list[PrefixBlock] = []
@@ -83,6 +79,18 @@ def stable_prefix(blocks: Sequence[PrefixBlock]) -> PrefixBlock | None:
     return stable
 
 
+def request_prefix(request: ChatRequest) -> PrefixBlock | None:
+    """The request's tools-and-system prefix, hashed on the first call and kept on the request after.
+
+    The pipeline calls it once per request (``gateway.pipeline.workload``); provider adapters read the
+    same block through ``prompt_cache_key``. A request without tools or a system prompt has none, and
+    finding that takes no hashing. The request's tools and messages must not change after the first call.
+    """
+    if request.stable_prefix is None:
+        request.stable_prefix = stable_prefix(prefix_blocks(request, stable_only=True))
+    return request.stable_prefix
+
+
 def prompt_cache_key(request: ChatRequest, min_chars: int = PROMPT_CACHE_MIN_CHARS) -> str | None:
     """OpenAI's ``prompt_cache_key``: requests of one tenant with the same tools and system prompt agree.
 
@@ -90,7 +98,7 @@ def prompt_cache_key(request: ChatRequest, min_chars: int = PROMPT_CACHE_MIN_CHA
     one tenant's traffic from crowding another's. ``None`` when the stable prefix is missing or shorter
     than ``min_chars`` (then the field is left out, so OpenAI-compatible servers never see it needlessly).
     """
-    stable = stable_prefix(prefix_blocks(request))
+    stable = request_prefix(request)
     if stable is None or stable.chars < min_chars:
         return None
     digest = hashlib.sha256(f"{request.tenant or ''}\0{stable.hash}".encode()).hexdigest()

@@ -103,18 +103,22 @@ class Slot:
         if self.cache is not None:
             await self.cache.put(self, target, response.usage, response=response)
 
-    async def tee(self, events: AsyncIterator[StreamEvent], target: Target) -> AsyncIterator[StreamEvent]:
-        """Pass ``events`` through unchanged, recording them; store them once the stream has ended properly."""
+    def tee(self, events: AsyncIterator[StreamEvent], target: Target) -> AsyncIterator[StreamEvent]:
+        """Pass ``events`` through unchanged, recording them; store them once the stream has ended properly.
+
+        A slot that stores nothing returns ``events`` itself: every generator layer costs per event.
+        """
+        return events if self.cache is None else self._tee(events, target)
+
+    async def _tee(self, events: AsyncIterator[StreamEvent], target: Target) -> AsyncIterator[StreamEvent]:
+        assert self.cache is not None  # noqa: S101 - tee calls this only for a slot that stores
         recorded: list[StreamEvent] = []
         try:
             async for event in events:
-                if self.cache is not None:
-                    recorded.append(event)
+                recorded.append(event)
                 yield event
         finally:
             await events.aclose()  # type: ignore[attr-defined]  # a client that left closes the source now
-        if self.cache is None:
-            return
         # NOTE: reached only when the stream ran to its end; an error or a client that went away
         # leaves through the ``async for`` and nothing is stored (the flight lands empty with the task).
         if entries.complete(recorded):

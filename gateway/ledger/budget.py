@@ -166,19 +166,25 @@ class RedisCounters:
         self._settle = redis.register_script(_SETTLE)
         self._seed = redis.register_script(_SEED)
 
-    def _key(self, scope: str, period: str) -> str:
+    def key(self, scope: str, period: str) -> str:
+        """The Redis hash of ``scope``'s counters in ``period``."""
         return f"{self._prefix}:{period}:{scope}"
 
+    @property
+    def redis(self) -> Redis:
+        """The client the counters live behind."""
+        return self._redis
+
     async def seeded(self, scope: str, period: str) -> bool:  # noqa: D102
-        return bool(await self._redis.hexists(self._key(scope, period), "seeded"))
+        return bool(await self._redis.hexists(self.key(scope, period), "seeded"))
 
     async def seed(self, scope: str, period: str, spent: int) -> None:  # noqa: D102
-        await self._seed(keys=[self._key(scope, period)], args=[spent, PERIOD_TTL_S])
+        await self._seed(keys=[self.key(scope, period)], args=[spent, PERIOD_TTL_S])
 
     async def reserve(  # noqa: D102
         self, scopes: Sequence[tuple[str, int | None]], period: str, amount: int
     ) -> Refused | None:
-        keys = [self._key(s, period) for s, _ in scopes]
+        keys = [self.key(s, period) for s, _ in scopes]
         hards = [-1 if h is None else h for _, h in scopes]
         index, spent, reserved = await self._reserve(keys=keys, args=[amount, PERIOD_TTL_S, *hards])
         if int(index) == 0:
@@ -188,8 +194,8 @@ class RedisCounters:
 
     async def settle(self, scopes: Sequence[str], period: str, reserved: int, actual: int) -> None:  # noqa: D102
         if scopes:
-            await self._settle(keys=[self._key(s, period) for s in scopes], args=[reserved, actual, PERIOD_TTL_S])
+            await self._settle(keys=[self.key(s, period) for s in scopes], args=[reserved, actual, PERIOD_TTL_S])
 
     async def state(self, scope: str, period: str) -> tuple[int, int]:  # noqa: D102
-        values = await self._redis.hmget(self._key(scope, period), ["spent", "reserved"])
+        values = await self._redis.hmget(self.key(scope, period), ["spent", "reserved"])
         return int(values[0] or 0), int(values[1] or 0)

@@ -3,8 +3,9 @@
 Owns the order of the checks at admission (buffer room, rate limits, budget reservation), the
 per-request accounting context (``Admission``), turning an outcome into a ``UsageRecord`` priced
 under the version in force, and settling the reservation and the token charge exactly once per
-request. Does not own storage (``writer``), counters (``budget``, ``ratelimit``), limits
-(``limits``) or prices (``prices``); it composes them.
+request, and the record of a request refused before admission. Does not own storage (``writer``),
+counters (``budget``, ``ratelimit``) and the one-step admission and settlement over them (``gate``),
+limits (``limits``) or prices (``prices``); it composes them.
 """
 
 from __future__ import annotations
@@ -20,17 +21,19 @@ from sqlalchemy import func, select
 
 from gateway.errors import BudgetExceeded, RateLimited
 from gateway.ledger.budget import period_of, period_start
-from gateway.ledger.ratelimit import Rule
+from gateway.ledger.gate import Reservation, Settlement, gate_for
+from gateway.ledger.ratelimit import Rule, verdict
 from gateway.ledger.record import NANOS_PER_USD, UsageRecord, cost_of, slo_met, worst_case_nanos
 from gateway.store.models import UsageRow
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from gateway.ledger.budget import BudgetCounters
+    from gateway.ledger.budget import BudgetCounters, Refused
+    from gateway.ledger.gate import Outcome
     from gateway.ledger.limits import Limits, LimitStore
     from gateway.ledger.prices import PriceBook
-    from gateway.ledger.ratelimit import Charged, RateLimiter
+    from gateway.ledger.ratelimit import Ask, Charged, HeaderStyle, RateLimiter
     from gateway.ledger.writer import LedgerWriter
     from gateway.policy import Plan, Target
     from gateway.store.db import Database
@@ -38,6 +41,9 @@ if TYPE_CHECKING:
     from gateway.types import Usage
 
 log = structlog.get_logger(__name__)
+
+SETTLE_BATCH = 256
+"""Most settlements sent in one round trip (one script run keeps Redis busy for that long)."""
 
 
 @dataclass(slots=True)
@@ -59,15 +65,21 @@ class Admission:
     reserved: int = 0
     """Nano-dollars reserved in each budget scope."""
     charged: Charged | None = None
+    reservation: Reservation | None = None
+    """The budget reservation made at admission, settled when the request ends."""
     soft_exceeded: bool = False
     """The reservation passed a soft limit: the request runs, flagged in a header and the log."""
     ttft_s: float | None = None
     """Set by the pipeline when a stream's first event arrives (seconds since the request started)."""
     settled: bool = field(default=False)
 
-    def headers(self) -> dict[str, str]:
-        """Response headers: ``x-ratelimit-*`` and, past a soft limit, ``x-crossway-budget: soft-limit``."""
-        out = self.charged.headers() if self.charged is not None else {}
+    def headers(self, style: HeaderStyle = "openai") -> dict[str, str]:
+        """Response headers: the rate limits' standing and, past a soft limit, ``x-crossway-budget: soft-limit``.
+
+        The standing (``x-ratelimit-*``, or ``anthropic-ratelimit-*`` for ``style="anthropic"``) is there
+        only when a rate limit applies to the request.
+        """
+        out = self.charged.headers(style) if self.charged is not None else {}
         if self.soft_exceeded:
             out["x-crossway-budget"] = "soft-limit"
         return out
@@ -106,10 +118,14 @@ class Ledger:
         self.limits = limits
         self.budgets = budgets
         self.rates = rates
+        self.gate = gate_for(rates.counts, budgets)
+        """Admission and settlement, each one atomic step (one Redis round trip when the counters are there)."""
         self.default_max_output_tokens = default_max_output_tokens
         self._now = now
         self._seeded: set[tuple[str, str]] = set()
-        self._settling: set[asyncio.Task[None]] = set()
+        self._unsettled: list[Settlement] = []
+        self._closing = False
+        self._settler: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Load prices and limits, start the writer."""
@@ -119,8 +135,11 @@ class Ledger:
 
     async def aclose(self) -> None:
         """Finish pending settlements, then flush every record (graceful shutdown)."""
-        if self._settling:
-            await asyncio.gather(*self._settling, return_exceptions=True)
+        self._closing = True
+        if self._settler is not None:
+            await self._settler
+        if self._unsettled:  # what ended after the settler's last look
+            await self._settle()
         await self.writer.aclose()
 
     async def admit(
@@ -169,7 +188,7 @@ class Ledger:
         principal = admission.principal
         tenant_limits, key_limits = await self.limits.of(principal.tenant, principal.key_id)
         scopes = [s for s in (tenant_limits, key_limits) if s is not None]
-        if not scopes:
+        if not scopes:  # the common case: no counter is touched, no token is counted
             return max_output_tokens
         budgeted = [s for s in scopes if s.budget_hard_usd is not None or s.budget_soft_usd is not None]
         if budgeted and max_output_tokens is None:
@@ -178,18 +197,65 @@ class Ledger:
         rules += [Rule(s.scope, "tokens", s.tpm) for s in scopes if s.tpm is not None]
         prompt = input_tokens() if budgeted or any(r.kind == "tokens" for r in rules) else 0
         output = max_output_tokens or 0
-        if rules:
-            admission.charged = await self.rates.acquire(rules, prompt + output)
-        if budgeted:
-            try:
-                await self._reserve(admission, budgeted, prompt, output)
-            except BudgetExceeded:
-                if admission.charged is not None:
-                    await self.rates.settle(admission.charged, 0)
-                raise
+        ask = self.rates.ask(rules, prompt + output) if rules else None
+        reservation = await self._reservation(admission, budgeted, prompt, output) if budgeted else None
+        outcome = await self._admit_step(ask, reservation)
+        charged = verdict(ask, outcome.rates_ok, outcome.before) if ask is not None else None  # 429
+        if outcome.refused is not None and reservation is not None:  # nothing was charged: nothing to settle
+            raise _exceeded(outcome.refused, reservation)
+        admission.charged = charged
+        if reservation is not None:
+            admission.reservation = reservation
+            admission.budget_scopes = tuple(s for s, _ in reservation.scopes)
+            admission.period, admission.reserved = reservation.period, reservation.amount
+            for s, (spent_now, reserved_now) in zip(budgeted, outcome.states, strict=True):
+                soft = _nanos(s.budget_soft_usd)
+                if soft is not None and spent_now + reserved_now > soft:
+                    admission.soft_exceeded = True
+                    log.warning(
+                        "budget_soft_limit",
+                        scope=s.scope,
+                        period=reservation.period,
+                        spent_usd=spent_now / NANOS_PER_USD,
+                    )
         return max_output_tokens
 
-    async def _reserve(self, admission: Admission, scopes: list[Limits], prompt: int, output: int) -> None:
+    async def _admit_step(self, ask: Ask | None, reservation: Reservation | None) -> Outcome:
+        """The gate's one admission step, carrying the settlements that waited for it.
+
+        The step runs to its end even when the caller goes away meanwhile (its settlements belong to
+        other requests); what it then charged for the vanished caller is given back.
+        """
+        settlements, self._unsettled = self._unsettled, []
+        step = asyncio.ensure_future(self.gate.admit(ask, reservation, settlements))
+        try:
+            return await asyncio.shield(step)
+        except asyncio.CancelledError:
+            step.add_done_callback(lambda done: self._give_back(done, ask, reservation))
+            raise
+        except Exception:
+            # NOTE: not retried: the script may have run before the connection failed, and a settlement
+            # applied twice would count a cost twice. A lost one leaves its reservation held until re-seeding.
+            if settlements:
+                log.error("ledger_settle_failed", requests=len(settlements), cost=sum(x.actual for x in settlements))
+            raise
+
+    def _give_back(self, step: asyncio.Future[Outcome], ask: Ask | None, reservation: Reservation | None) -> None:
+        """Release what an admission charged for a caller that went away before it returned."""
+        if step.cancelled() or step.exception() is not None:
+            return
+        outcome = step.result()
+        if not outcome.rates_ok or outcome.refused is not None:
+            return  # refused: nothing was charged
+        charged = verdict(ask, True, outcome.before) if ask is not None else None
+        self._queue_settlement(Settlement(charged, 0, reservation, 0))
+
+    def _queue_settlement(self, settlement: Settlement) -> None:
+        self._unsettled.append(settlement)
+        if self._settler is None or self._settler.done():
+            self._settler = asyncio.get_running_loop().create_task(self._settle())
+
+    async def _reservation(self, admission: Admission, scopes: list[Limits], prompt: int, output: int) -> Reservation:
         period = period_of(admission.at)
         amount = max(
             (
@@ -200,24 +266,7 @@ class Ledger:
         )
         for s in scopes:
             await self._seed(s, period)
-        hard = [(s.scope, _nanos(s.budget_hard_usd)) for s in scopes]
-        refused = await self.budgets.reserve(hard, period, amount)
-        if refused is not None:
-            spent = refused.spent / NANOS_PER_USD
-            raise BudgetExceeded(
-                f"Budget exhausted for `{refused.scope}` in {period}: ${spent:.4f} spent, "
-                f"${refused.reserved / NANOS_PER_USD:.4f} reserved by requests in flight, "
-                f"hard limit ${refused.hard / NANOS_PER_USD:.4f}; this request may cost up to ${amount / NANOS_PER_USD:.6f}.",
-                code="budget_exceeded",
-            )
-        admission.budget_scopes, admission.period, admission.reserved = tuple(s for s, _ in hard), period, amount
-        for s in scopes:
-            soft = _nanos(s.budget_soft_usd)
-            if soft is not None:
-                spent_now, reserved_now = await self.budgets.state(s.scope, period)
-                if spent_now + reserved_now > soft:
-                    admission.soft_exceeded = True
-                    log.warning("budget_soft_limit", scope=s.scope, period=period, spent_usd=spent_now / NANOS_PER_USD)
+        return Reservation(tuple((s.scope, _nanos(s.budget_hard_usd)) for s in scopes), period, amount)
 
     async def _seed(self, limits: Limits, period: str) -> None:
         """Start a scope's counters at the period's spend so far (once per process and period)."""
@@ -240,6 +289,40 @@ class Ledger:
             )
             await self.budgets.seed(limits.scope, period, int(stored or 0) + unwritten)
         self._seeded.add((limits.scope, period))
+
+    def refuse(
+        self,
+        principal: Principal,
+        *,
+        request_id: str,
+        endpoint: str,
+        started: float,
+        alias: str,
+        status: int,
+        error: str,
+        streamed: bool = False,
+    ) -> UsageRecord:
+        """Record a request of a known tenant refused before admission (bad body, unknown or forbidden model).
+
+        Such a request used no tokens and costs nothing; its record says how it failed. A request refused
+        at admission (rate limit, budget) is recorded by ``admit`` itself; one without a tenant (401) is not.
+        """
+        record = UsageRecord(
+            id=UsageRecord.new_id(),
+            ts=self._now(),
+            request_id=request_id,
+            endpoint=endpoint,
+            alias=alias,
+            status=status,
+            tenant=principal.tenant,
+            tenant_id=principal.tenant_id,
+            key_id=principal.key_id,
+            streamed=streamed,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            error=error,
+        )
+        self.writer.submit(record)
+        return record
 
     def finish(
         self,
@@ -267,6 +350,8 @@ class Ledger:
         admission.settled = True
         latency = time.perf_counter() - admission.started
         plan = admission.plan
+        if target is not None and usage is not None:  # an engine's price follows its measured throughput
+            self.prices.observe(target, admission.started, admission.started + latency, usage.output_tokens)
         priced = self.prices.price_for(target, admission.at) if target is not None else None
         discount = target.batch_discount if target is not None and plan.slo.deadline_s is not None else 0.0
         cost = cost_of(usage, priced.price, discount=discount) if usage is not None and priced else None
@@ -302,21 +387,32 @@ class Ledger:
             error=error,
         )
         self.writer.submit(record)
-        if admission.budget_scopes or admission.charged is not None:
+        if admission.reservation is not None or admission.charged is not None:
             tokens = (usage.input_tokens + usage.output_tokens) if usage is not None else 0
-            task = asyncio.get_running_loop().create_task(self._settle(admission, record.cost_nanos, tokens))
-            self._settling.add(task)
-            task.add_done_callback(self._settling.discard)
+            self._queue_settlement(Settlement(admission.charged, tokens, admission.reservation, record.cost_nanos))
         return record
 
-    async def _settle(self, admission: Admission, cost: int, tokens: int) -> None:
-        try:
-            if admission.budget_scopes:
-                await self.budgets.settle(admission.budget_scopes, admission.period, admission.reserved, cost)
-            if admission.charged is not None:
-                await self.rates.settle(admission.charged, tokens)
-        except Exception as exc:  # noqa: BLE001 - a lost settlement must not crash the loop; the log says which
-            log.error("ledger_settle_failed", error=type(exc).__name__, scopes=admission.budget_scopes, cost=cost)
+    async def _settle(self) -> None:
+        """Settle what no admission carried within ``settle_delay_s``, one round trip per batch."""
+        if self.gate.settle_delay_s and not self._closing:
+            await asyncio.sleep(self.gate.settle_delay_s)
+        while self._unsettled:
+            batch, self._unsettled = self._unsettled[:SETTLE_BATCH], self._unsettled[SETTLE_BATCH:]
+            try:
+                await self.gate.settle(batch)
+            except Exception as exc:  # noqa: BLE001 - a lost settlement must not crash the loop; the log says which
+                cost = sum(s.actual for s in batch)
+                log.error("ledger_settle_failed", error=type(exc).__name__, requests=len(batch), cost=cost)
+
+
+def _exceeded(refused: Refused, reservation: Reservation) -> BudgetExceeded:
+    return BudgetExceeded(
+        f"Budget exhausted for `{refused.scope}` in {reservation.period}: ${refused.spent / NANOS_PER_USD:.4f} spent, "
+        f"${refused.reserved / NANOS_PER_USD:.4f} reserved by requests in flight, "
+        f"hard limit ${refused.hard / NANOS_PER_USD:.4f}; "
+        f"this request may cost up to ${reservation.amount / NANOS_PER_USD:.6f}.",
+        code="budget_exceeded",
+    )
 
 
 def _nanos(usd: float | None) -> int | None:

@@ -1,8 +1,8 @@
 """Per-tenant and per-key rate limits and monthly budgets, as stored in ``tenant_limits``.
 
-Owns reading the rows into an in-memory snapshot, refreshed at most every ``ttl_s`` (so an edit
-through the finance API reaches other replicas within that time; the replica that edits reloads at
-once), and writing them. Does not enforce anything (``gateway.ledger.ratelimit``,
+Owns reading the rows into an in-memory snapshot, read again in the background once it is ``ttl_s``
+old (so an edit through the finance API reaches other replicas within about that time; the replica
+that edits reloads at once; no request waits on the table after the first read), and writing them. Does not enforce anything (``gateway.ledger.ratelimit``,
 ``gateway.ledger.budget``).
 """
 
@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import structlog
 from sqlalchemy import delete, select
 
 from gateway.store.models import LimitRow, utcnow
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gateway.store.db import Database
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +59,26 @@ class LimitStore:
         self._snapshot: dict[tuple[str, int], Limits] = {}
         self._loaded_at = -float("inf")
         self._lock = asyncio.Lock()
+        self._refresh: asyncio.Task[None] | None = None
 
     async def of(self, tenant: str, key_id: int) -> tuple[Limits | None, Limits | None]:
-        """The tenant's limits and its key's limits (either ``None`` when not set)."""
+        """The tenant's limits and its key's limits (either ``None`` when not set).
+
+        A stale snapshot is still answered from while one background task reads the table again, so
+        no request waits on the database here once the first snapshot is loaded.
+        """
         if self._clock() - self._loaded_at > self._ttl_s:
-            await self.reload()
+            if self._loaded_at == -float("inf"):
+                await self.reload()
+            elif self._refresh is None or self._refresh.done():
+                self._refresh = asyncio.get_running_loop().create_task(self._reload_quietly())
         return self._snapshot.get((tenant, 0)), self._snapshot.get((tenant, key_id)) if key_id else None
+
+    async def _reload_quietly(self) -> None:
+        try:
+            await self.reload()
+        except Exception as exc:  # noqa: BLE001 - the old snapshot stays in force; the next request retries
+            log.warning("limits_reload_failed", error=type(exc).__name__)
 
     def cached(self) -> list[Limits]:
         """Every scope's limits as last loaded."""

@@ -2,8 +2,8 @@
 
 Owns the in-memory price table: price versions from the database (``prices`` rows, appended through
 the finance API, each in force from its ``effective_from`` until the next version's), falling back to
-the policy's list price, and for self-hosted engines a price derived from their GPU cost (through a
-callable the router provides). Does not own cost arithmetic (``gateway.ledger.record``).
+the policy's list price, and for self-hosted engines (no list price, a ``gpu_dollars_per_hour``) a
+price derived from their GPU cost and their throughput as measured here (``gateway.ledger.throughput``). Does not own cost arithmetic (``gateway.ledger.record``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import select
 
+from gateway.ledger.throughput import Throughput, engine_token_price
 from gateway.policy import Price
 from gateway.store.models import PriceRow
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from datetime import datetime
 
-    from gateway.policy import Target
+    from gateway.policy import ProviderConfig, Target
     from gateway.store.db import Database
 
 
@@ -47,12 +48,18 @@ class PriceBook:
     """Price versions per deployment, sorted by ``effective_from``; swapped whole on reload.
 
     Args:
-        engine_price: Given a target without a list price, its derived price (a self-hosted engine's
-            GPU cost over its measured throughput), or ``None`` when it has none.
+        engines: The provider configuration of a target (``None`` when unknown): a target without a
+            list price whose provider has ``gpu_dollars_per_hour`` is priced from its measured throughput.
+        throughput: Where engine throughput is measured (a fresh one by default).
     """
 
-    def __init__(self, engine_price: Callable[[Target], Price | None] | None = None) -> None:
-        self._engine_price = engine_price
+    def __init__(
+        self,
+        engines: Callable[[Target], ProviderConfig | None] | None = None,
+        throughput: Throughput | None = None,
+    ) -> None:
+        self._engines = engines
+        self.throughput = throughput or Throughput()
         self._versions: dict[str, list[PriceVersion]] = {}
         self._starts: dict[str, list[datetime]] = {}
 
@@ -88,9 +95,23 @@ class PriceBook:
                 return Priced(version.price, version.id)
         if target.price is not None:
             return Priced(target.price, None)
-        if self._engine_price is not None:
-            return Priced(self._engine_price(target), None)
+        config = self._engine(target)
+        if config is not None and config.gpu_dollars_per_hour is not None:
+            tokens_per_s = self.throughput.tokens_per_s(target.key)
+            if tokens_per_s is not None:
+                return Priced(
+                    engine_token_price(config.gpu_dollars_per_hour, tokens_per_s, config.prefill_cost_ratio), None
+                )
         return Priced(None, None)
+
+    def observe(self, target: Target, start: float, end: float, output_tokens: int) -> None:
+        """Count a request a self-hosted engine served (``perf_counter`` times) into its throughput."""
+        config = self._engine(target) if target.price is None else None
+        if config is not None and config.gpu_dollars_per_hour is not None:
+            self.throughput.observe(target.key, start, end, output_tokens)
+
+    def _engine(self, target: Target) -> ProviderConfig | None:
+        return self._engines(target) if self._engines is not None else None
 
 
 async def add_price(db: Database, deployment: str, effective_from: datetime, price: Price, author: str) -> PriceVersion:

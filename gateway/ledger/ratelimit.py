@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from gateway.errors import RateLimited
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
 WINDOW_S = 60
 Kind = Literal["requests", "tokens"]
+HeaderStyle = Literal["openai", "anthropic"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,14 +118,23 @@ class RedisCounts:
         rkeys: list[str] = []
         args: list[int] = [round(weight * 1_000_000), 3 * WINDOW_S]
         for key, (limit, cost) in zip(keys, checks, strict=True):
-            rkeys += [f"{self._prefix}:{key}:{window}", f"{self._prefix}:{key}:{window - 1}"]
+            rkeys += [self.key(key, window), self.key(key, window - 1)]
             args += [limit, cost]
         out = await self._charge(keys=rkeys, args=args)
         return int(out[0]) == 1, [(int(out[1 + 2 * i]), int(out[2 + 2 * i])) for i in range(len(keys))]
 
+    def key(self, key: str, window: int) -> str:
+        """The Redis key of ``key``'s count in ``window``."""
+        return f"{self._prefix}:{key}:{window}"
+
+    @property
+    def redis(self) -> Redis:
+        """The client the counts live behind."""
+        return self._redis
+
     async def adjust(self, key: str, window: int, delta: int) -> None:  # noqa: D102
         if delta:
-            await self._redis.incrby(f"{self._prefix}:{key}:{window}", delta)
+            await self._redis.incrby(self.key(key, window), delta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,18 +155,107 @@ class Charged:
     token_keys: list[str] = field(default_factory=list)
     tokens: int = 0
     standings: list[Standing] = field(default_factory=list)
+    at: float = 0.0
+    """Wall-clock seconds when it was charged (what ``Standing.reset_s`` counts from)."""
 
-    def headers(self) -> dict[str, str]:
-        """OpenAI-style ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` of the tightest rule per kind."""
+    def headers(self, style: HeaderStyle = "openai") -> dict[str, str]:
+        """The rate-limit headers of the tightest rule per kind, in OpenAI's or Anthropic's names.
+
+        OpenAI: ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``, the reset as a duration
+        (``1s``, ``6m0s``). Anthropic: ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}``,
+        the reset as an RFC 3339 time.
+        """
         out: dict[str, str] = {}
         for kind in ("requests", "tokens"):
             mine = [s for s in self.standings if s.rule.kind == kind]
-            if mine:
-                tightest = min(mine, key=lambda s: s.remaining)
+            if not mine:
+                continue
+            tightest = min(mine, key=lambda s: s.remaining)
+            if style == "openai":
                 out[f"x-ratelimit-limit-{kind}"] = str(tightest.rule.limit)
                 out[f"x-ratelimit-remaining-{kind}"] = str(tightest.remaining)
-                out[f"x-ratelimit-reset-{kind}"] = f"{tightest.reset_s:.3g}s"
+                out[f"x-ratelimit-reset-{kind}"] = _duration(tightest.reset_s)
+            else:
+                reset = datetime.fromtimestamp(math.ceil(self.at + tightest.reset_s), UTC)
+                out[f"anthropic-ratelimit-{kind}-limit"] = str(tightest.rule.limit)
+                out[f"anthropic-ratelimit-{kind}-remaining"] = str(tightest.remaining)
+                out[f"anthropic-ratelimit-{kind}-reset"] = reset.strftime("%Y-%m-%dT%H:%M:%SZ")
         return out
+
+
+def _duration(seconds: float) -> str:
+    """A duration as OpenAI writes it in ``x-ratelimit-reset-*``: ``20ms``, ``1.5s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    minutes, rest = divmod(seconds, 60)
+    return f"{int(minutes)}m{rest:.3g}s" if minutes else f"{rest:.3g}s"
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One request's charge against its rules, computed before the counters are asked (``RateLimiter.ask``)."""
+
+    rules: tuple[Rule, ...]
+    keys: tuple[str, ...]
+    """``<scope>:<kind>`` per rule: the counter each rule charges."""
+    costs: tuple[int, ...]
+    """1 per requests rule, the token estimate per tokens rule."""
+    tokens: int
+    window: int
+    """The current minute (wall-clock seconds // 60)."""
+    elapsed: float
+    """Seconds into the current minute."""
+
+    @property
+    def weight(self) -> float:
+        """The share of last minute still inside the sliding 60 s window."""
+        return 1.0 - self.elapsed / WINDOW_S
+
+    def checks(self) -> list[tuple[int, int]]:
+        """``(limit, cost)`` per rule, as ``Counts.charge`` takes them."""
+        return [(r.limit, c) for r, c in zip(self.rules, self.costs, strict=True)]
+
+
+def verdict(ask: Ask, ok: bool, before: Sequence[tuple[int, int]]) -> Charged:
+    """The outcome of a charge: what was charged (with the standings for the headers), or the refusal.
+
+    Args:
+        ask: The charge asked for.
+        ok: Whether the counters charged it.
+        before: Each rule's ``(this window, previous window)`` counts before charging.
+
+    Raises:
+        RateLimited: ``ok`` is false; ``retry_after`` is when the tightest refusing rule would admit it.
+    """
+    weight, elapsed = ask.weight, ask.elapsed
+    if not ok:
+        waits = [
+            (_wait(rule.limit, cost, cur, prev, elapsed), rule)
+            for rule, cost, (cur, prev) in zip(ask.rules, ask.costs, before, strict=True)
+            if prev * weight + cur + cost > rule.limit
+        ]
+        wait, rule = max(waits, key=lambda w: w[0])
+        standing = Charged(ask.window, at=ask.window * WINDOW_S + elapsed)  # nothing was charged
+        for r, (cur, prev) in zip(ask.rules, before, strict=True):
+            reset = (WINDOW_S - elapsed) + (WINDOW_S if cur else 0.0) if (cur or prev) else 0.0
+            standing.standings.append(Standing(r, max(0, math.floor(r.limit - prev * weight - cur)), reset))
+        raise RateLimited(
+            f"Rate limit reached for `{rule.scope}`: {rule.limit} {rule.kind} per minute. Try again in {wait:.1f}s.",
+            retry_after=wait,
+            code=f"rate_limit_{rule.kind}",
+            headers_for=standing.headers,
+        )
+    charged = Charged(
+        ask.window,
+        [k for k, r in zip(ask.keys, ask.rules, strict=True) if r.kind == "tokens"],
+        ask.tokens,
+        at=ask.window * WINDOW_S + elapsed,
+    )
+    for rule, cost, (cur, prev) in zip(ask.rules, ask.costs, before, strict=True):
+        used = prev * weight + cur + cost
+        reset = (WINDOW_S - elapsed) + (WINDOW_S if cur + cost else 0.0) if (cur + cost or prev) else 0.0
+        charged.standings.append(Standing(rule, max(0, math.floor(rule.limit - used)), reset))
+    return charged
 
 
 class RateLimiter:
@@ -170,18 +270,20 @@ class RateLimiter:
         self._counts = counts
         self._clock = clock
 
-    async def acquire(self, rules: Sequence[Rule], tokens: int) -> Charged:
-        """Charge one request and ``tokens`` against ``rules``, or refuse it.
+    @property
+    def counts(self) -> Counts:
+        """Where the per-minute counts live."""
+        return self._counts
+
+    def ask(self, rules: Sequence[Rule], tokens: int) -> Ask:
+        """What charging one request and ``tokens`` against ``rules`` now means, before asking the counters.
 
         Raises:
-            RateLimited: a rule would be exceeded; ``retry_after`` says when this request would fit,
-                ``None`` when it never can (more tokens than the per-minute limit).
+            RateLimited: the request alone is larger than a rule allows (no ``retry_after``: it never fits).
         """
         now = self._clock()
         window = int(now // WINDOW_S)
         elapsed = now - window * WINDOW_S
-        weight = 1.0 - elapsed / WINDOW_S
-        keys = [f"{r.scope}:{r.kind}" for r in rules]
         costs = [1 if r.kind == "requests" else tokens for r in rules]
         for rule, cost in zip(rules, costs, strict=True):
             if cost > rule.limit:
@@ -189,28 +291,18 @@ class RateLimiter:
                     f"Request too large for `{rule.scope}`: {cost} {rule.kind} per minute asked, limit {rule.limit}.",
                     code=f"{rule.kind}_exceed_limit",
                 )
-        ok, before = await self._counts.charge(
-            keys, window, weight, list(zip((r.limit for r in rules), costs, strict=True))
-        )
-        if not ok:
-            waits = [
-                (_wait(rule.limit, cost, cur, prev, elapsed), rule)
-                for rule, cost, (cur, prev) in zip(rules, costs, before, strict=True)
-                if prev * weight + cur + cost > rule.limit
-            ]
-            wait, rule = max(waits, key=lambda w: w[0])
-            raise RateLimited(
-                f"Rate limit reached for `{rule.scope}`: {rule.limit} {rule.kind} per minute. "
-                f"Try again in {wait:.1f}s.",
-                retry_after=wait,
-                code=f"rate_limit_{rule.kind}",
-            )
-        charged = Charged(window, [k for k, r in zip(keys, rules, strict=True) if r.kind == "tokens"], tokens)
-        for rule, cost, (cur, prev) in zip(rules, costs, before, strict=True):
-            used = prev * weight + cur + cost
-            reset = (WINDOW_S - elapsed) + (WINDOW_S if cur + cost else 0.0) if (cur + cost or prev) else 0.0
-            charged.standings.append(Standing(rule, max(0, math.floor(rule.limit - used)), reset))
-        return charged
+        return Ask(tuple(rules), tuple(f"{r.scope}:{r.kind}" for r in rules), tuple(costs), tokens, window, elapsed)
+
+    async def acquire(self, rules: Sequence[Rule], tokens: int) -> Charged:
+        """Charge one request and ``tokens`` against ``rules``, or refuse it.
+
+        Raises:
+            RateLimited: a rule would be exceeded; ``retry_after`` says when this request would fit,
+                ``None`` when it never can (more tokens than the per-minute limit).
+        """
+        ask = self.ask(rules, tokens)
+        ok, before = await self._counts.charge(ask.keys, ask.window, ask.weight, ask.checks())
+        return verdict(ask, ok, before)
 
     async def settle(self, charged: Charged, actual_tokens: int) -> None:
         """Correct the tokens charged at admission to what the request actually used."""

@@ -1,4 +1,4 @@
-"""Finance queries over the usage records: spend grouped by tenant, model, provider and day; goodput.
+"""Finance queries over the usage records: spend and goodput, grouped (by tenant, model, provider, day...).
 
 Owns the SQL (portable between SQLite and PostgreSQL) and the goodput arithmetic. Does not own HTTP
 (``gateway.api.finance``).
@@ -7,21 +7,23 @@ Owns the SQL (portable between SQLite and PostgreSQL) and the goodput arithmetic
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 
 from gateway.ledger.record import NANOS_PER_USD
 from gateway.store.models import UsageRow
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from datetime import datetime
 
     from gateway.store.db import Database
 
 GroupBy = Literal["tenant", "model", "provider", "deployment", "day"]
 GROUPS: tuple[GroupBy, ...] = ("tenant", "model", "provider", "deployment", "day")
+GoodputGroupBy = Literal["tenant", "deployment", "slo_class", "day"]
+GOODPUT_GROUPS: tuple[GoodputGroupBy, ...] = ("tenant", "deployment", "slo_class", "day")
 
 
 def _column(group: GroupBy) -> Any:
@@ -32,12 +34,16 @@ def _column(group: GroupBy) -> Any:
 
 
 async def spend(db: Database, start: datetime, end: datetime, group_by: Sequence[GroupBy]) -> list[dict[str, Any]]:
-    """Requests, tokens and cost per group in ``[start, end)``, largest cost first."""
+    """Requests (and how many of them failed: any status but 200), tokens and cost per group in ``[start, end)``.
+
+    Largest cost first.
+    """
     keys = [_column(g).label(g) for g in group_by]
     stmt = (
         select(
             *keys,
             func.count().label("requests"),
+            func.sum(case((UsageRow.status != 200, 1), else_=0)).label("failed"),
             func.sum(UsageRow.input_tokens).label("input_tokens"),
             func.sum(UsageRow.cached_input_tokens).label("cached_input_tokens"),
             func.sum(UsageRow.output_tokens).label("output_tokens"),
@@ -52,7 +58,8 @@ async def spend(db: Database, start: datetime, end: datetime, group_by: Sequence
     out = []
     for row in result:
         item: dict[str, Any] = {g: (str(row[g]) if row[g] is not None else None) for g in group_by}
-        item.update({k: int(row[k] or 0) for k in ("requests", "input_tokens", "cached_input_tokens", "output_tokens")})
+        counts = ("requests", "failed", "input_tokens", "cached_input_tokens", "output_tokens")
+        item.update({k: int(row[k] or 0) for k in counts})
         item["cost_usd"] = int(row["cost_nanos"] or 0) / NANOS_PER_USD
         item["saved_usd"] = int(row["saved_nanos"] or 0) / NANOS_PER_USD
         out.append(item)
@@ -66,33 +73,56 @@ def _quantile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-async def goodput(db: Database, start: datetime, end: datetime) -> list[dict[str, Any]]:
-    """Goodput per tenant, deployment and SLO class over ``[start, end)``.
+async def goodput(
+    db: Database,
+    start: datetime,
+    end: datetime,
+    group_by: Sequence[GoodputGroupBy] = ("tenant", "deployment", "slo_class"),
+) -> list[dict[str, Any]]:
+    """Goodput per group (by default per tenant, deployment and SLO class) over ``[start, end)``.
 
     Each row: the share of requests that met their SLO, SLO-met requests per second, cost per SLO-met
-    request, and p50/p95/p99 of TTFT and TPOT (streamed requests only have them).
+    request, and p50/p95/p99 of TTFT and TPOT (streamed requests only have them). Grouped by ``day``
+    (UTC), a row's requests per second are over the part of the range that falls in that day, so a
+    series of days is comparable with a whole range.
     """
     stmt = select(
-        UsageRow.tenant, UsageRow.deployment, UsageRow.slo_class, UsageRow.slo_met, UsageRow.cost_nanos,
+        UsageRow.ts, UsageRow.tenant, UsageRow.deployment, UsageRow.slo_class, UsageRow.slo_met, UsageRow.cost_nanos,
         UsageRow.ttft_ms, UsageRow.tpot_ms,
     ).where(UsageRow.ts >= start, UsageRow.ts < end, UsageRow.deployment.is_not(None))  # fmt: skip
     async with db.session() as s:
         result = (await s.execute(stmt)).all()
-    groups: dict[tuple[str | None, str | None, str], list[Any]] = defaultdict(list)
+    groups: dict[tuple[str | None, ...], list[Any]] = defaultdict(list)
     for row in result:
-        groups[(row.tenant, row.deployment, row.slo_class)].append(row)
-    seconds = max((end - start).total_seconds(), 1e-9)
+        groups[tuple(_goodput_key(row, g) for g in group_by)].append(row)
     out = []
-    for (tenant, deployment, slo), items in sorted(groups.items(), key=lambda kv: tuple(str(k) for k in kv[0])):
+    for key, items in sorted(groups.items(), key=lambda kv: tuple(str(k) for k in kv[0])):
         met = sum(1 for r in items if r.slo_met)
         cost = sum(r.cost_nanos for r in items)
         ttft = sorted(r.ttft_ms for r in items if r.ttft_ms is not None)
         tpot = sorted(r.tpot_ms for r in items if r.tpot_ms is not None)
+        labels: dict[str, Any] = dict(zip(group_by, key, strict=True))
+        seconds = _seconds(start, end, labels.get("day"))
         out.append({
-            "tenant": tenant, "deployment": deployment, "slo_class": slo, "requests": len(items),
+            **labels, "requests": len(items),
             "slo_met": met, "slo_met_share": met / len(items), "goodput_rps": met / seconds,
             "cost_per_slo_met_usd": (cost / met / NANOS_PER_USD) if met else None,
             **{f"ttft_p{int(q * 100)}_ms": _quantile(ttft, q) for q in (0.5, 0.95, 0.99)},
             **{f"tpot_p{int(q * 100)}_ms": _quantile(tpot, q) for q in (0.5, 0.95, 0.99)},
         })  # fmt: skip
     return out
+
+
+def _goodput_key(row: Any, group: GoodputGroupBy) -> str | None:
+    if group == "day":
+        return str(row.ts.astimezone(UTC).date())  # the same 'YYYY-MM-DD' as ``spend``'s day
+    value = getattr(row, group)
+    return None if value is None else str(value)
+
+
+def _seconds(start: datetime, end: datetime, day: str | None) -> float:
+    """The length of ``[start, end)``, or of its overlap with ``day`` (UTC) when one is given."""
+    if day is not None:
+        lo = datetime.fromisoformat(day).replace(tzinfo=UTC)
+        start, end = max(start, lo), min(end, lo + timedelta(days=1))
+    return max((end - start).total_seconds(), 1e-9)

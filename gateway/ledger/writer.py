@@ -20,7 +20,8 @@ Crash-loss bound: a record is submitted when its request ends and is written wit
 one batch insert. A process killed without shutdown therefore loses at most the records of requests
 that ended in the last ``flush_interval_s`` plus one write (well under 1 s while the database keeps
 up); what was committed is never duplicated. While the database is down, the buffer holds what it
-cannot write, and a crash then loses that too; the ``ledger_pending`` figure shows it.
+cannot write, and a crash then loses that too; the metric ``crossway_ledger_pending_records`` shows
+it.
 """
 
 from __future__ import annotations
@@ -156,7 +157,12 @@ class LedgerWriter:
                 await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
             self._wake.clear()
             try:
-                await self.flush()
+                # NOTE: one batch per interval unless full ones wait: draining whatever trickled in during
+                # the last insert would commit a tiny transaction every few milliseconds under load, and
+                # a transaction costs far more CPU than a row. The crash bound is unchanged.
+                await self._write_batch()
+                while len(self._pending) >= self.batch_size:
+                    await self._write_batch()
                 delay = 0.05
             except (SQLAlchemyError, OSError) as exc:
                 self.failures += 1

@@ -6,8 +6,13 @@ touches prometheus_client.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -64,6 +69,14 @@ class Metrics:
             ["tenant", "slo_class", "met"],
             registry=r,
         )
+
+    def watch_ledger(self, pending: Callable[[], float]) -> None:
+        """Report the usage records waiting to be written (what a crash would lose) at each scrape."""
+        Gauge(
+            "crossway_ledger_pending_records",
+            "Usage records submitted and not yet committed to the database.",
+            registry=self.registry,
+        ).set_function(pending)
 
     def observe_request(self, endpoint: str, model: str, provider: str, status: int, seconds: float) -> None:
         """One finished request."""

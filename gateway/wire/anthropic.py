@@ -144,6 +144,8 @@ _EXTRA_FIELDS = (
 
 _decoder = msgspec.json.Decoder(MessagesRequest)
 _encoder = msgspec.json.Encoder()
+_TEXT_DELTA_HEAD = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+_TEXT_DELTA_MID = b',"delta":{"type":"text_delta","text":'
 
 
 def decode_messages(body: bytes) -> ChatRequest:
@@ -334,13 +336,13 @@ class StreamEncoder:
                         "content_block": {"type": "text", "text": ""},
                     },
                 )
-            return out + _event(
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": self._block,
-                    "delta": {"type": "text_delta", "text": event.text},
-                },
+            # NOTE: the one event of nearly every chunk, so its fixed parts are not encoded each time.
+            return b"%s%s%d%s%s}}\n\n" % (
+                out,
+                _TEXT_DELTA_HEAD,
+                self._block,
+                _TEXT_DELTA_MID,
+                _encoder.encode(event.text),
             )
         if isinstance(event, ToolCallDelta):
             if self._open != ("tool", event.index):

@@ -230,6 +230,7 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _embed_decoder = msgspec.json.Decoder(EmbeddingsRequest)
 _encoder = msgspec.json.Encoder()
+_ROLE_DELTA = b'{"role":"assistant","content":"","refusal":null}'
 
 
 def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
@@ -411,7 +412,12 @@ def encode_response(resp: ChatResponse, response_id: str, created: int | None = 
 
 
 class StreamEncoder:
-    """Turns canonical stream events into ``chat.completion.chunk`` SSE lines. One per response."""
+    """Turns canonical stream events into ``chat.completion.chunk`` SSE lines. One per response.
+
+    NOTE: every chunk of a response shares its head (id, created, model) and its tail, so both are
+    encoded once here and each event encodes only its own delta: most events are one text delta,
+    and building and encoding the whole chunk object per delta was most of this class's cost.
+    """
 
     def __init__(self, response_id: str, model: str, include_usage: bool, created: int | None = None) -> None:
         self._head = {
@@ -423,24 +429,24 @@ class StreamEncoder:
         }
         self._include_usage = include_usage
         self._started = False
+        # b'data: {"id":...,"system_fingerprint":null,"choices":[{"index":0,"delta":' DELTA TAIL
+        head = _encoder.encode(self._head)[:-1]
+        self._open = b"data: " + head + b',"choices":[{"index":0,"delta":'
+        self._end = b"}]" + (b',"usage":null' if include_usage else b"") + b"}\n\n"
+        self._tail = b',"logprobs":null,"finish_reason":null' + self._end
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        chunk: dict[str, Any] = {
-            **self._head,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-        }
-        if self._include_usage:
-            chunk["usage"] = None
-        return b"data: " + _encoder.encode(chunk) + b"\n\n"
+        finish = b"null" if finish_reason is None else _encoder.encode(finish_reason)
+        return self._open + _encoder.encode(delta) + b',"logprobs":null,"finish_reason":' + finish + self._end
 
     def encode(self, event: StreamEvent) -> bytes:
         """The SSE bytes for one event (possibly empty)."""
         out = b""
         if not self._started:
             self._started = True
-            out = self._chunk({"role": "assistant", "content": "", "refusal": None})
+            out = self._open + _ROLE_DELTA + self._tail
         if isinstance(event, TextDelta):
-            return out + self._chunk({"content": event.text})
+            return out + self._open + b'{"content":' + _encoder.encode(event.text) + b"}" + self._tail
         if isinstance(event, ToolCallDelta):
             call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
             if event.id is not None:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (the torch convention)
 from torch import nn
 
-from selfhost.models import quant
+from selfhost.models import kernel_quant, quant
 
 if TYPE_CHECKING:
     from selfhost.config import Quantization
@@ -36,14 +36,23 @@ class Linear(nn.Module):
         self.weight = weight if weight is not None else param(out_features, in_features)
         self.bias = param(out_features) if bias else None
         # NOTE(crossway): a plain attribute, not buffers: ``.to(device)`` does not move it, so
-        # quantize after the model sits on its device (the kernels are CPU-only anyway).
-        self.qweight: quant.QuantizedWeight | None = None
+        # quantize after the model sits on its device (the layout depends on it).
+        self.qweight: quant.QuantizedWeight | kernel_quant.KernelWeight | None = None
 
-    def quantize(self, mode: Quantization, group_size: int = 32) -> None:
-        """Replace the float weight by its quantized form (a no-op for ``none`` or shapes the kernels cannot take)."""
+    def quantize(self, mode: Quantization, group_size: int = 32, kernels: bool | None = None) -> None:
+        """Replace the float weight by its quantized form (a no-op for ``none`` or shapes the kernels cannot take).
+
+        ``kernels`` picks the Triton kernels' layouts (``kernel_quant``) over the CPU ones; None
+        picks them when the weight sits on a GPU.
+        """
         if mode == "none" or self.weight is None:
             return
-        qw = quant.quantize(self.weight.data, mode, group_size)
+        use_kernels = self.weight.device.type == "cuda" if kernels is None else kernels
+        qw: quant.QuantizedWeight | kernel_quant.KernelWeight | None
+        if use_kernels:
+            qw = kernel_quant.quantize(self.weight.data, mode, group_size)
+        else:
+            qw = quant.quantize(self.weight.data, mode, group_size)
         if qw is None:
             return
         self.qweight = qw
@@ -63,5 +72,8 @@ class Linear(nn.Module):
         if self.qweight is None:
             assert self.weight is not None  # noqa: S101 (narrowing)
             return F.linear(x, self.weight, self.bias)
-        y = quant.quantized_linear(x, self.qweight)
+        if isinstance(self.qweight, kernel_quant.KernelInt8Weight | kernel_quant.KernelInt4Weight):
+            y = kernel_quant.linear(x, self.qweight)
+        else:
+            y = quant.quantized_linear(x, self.qweight)
         return y if self.bias is None else y + self.bias

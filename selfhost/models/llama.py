@@ -135,8 +135,17 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: ops.AttentionMetadata,
+        kernels: bool = False,
     ) -> torch.Tensor:
-        """Run ``(N,)`` token ids at ``(N,)`` positions; return final-normed hidden states ``(N, C)``."""
+        """Run ``(N,)`` token ids at ``(N,)`` positions; return final-normed hidden states ``(N, C)``.
+
+        ``kernels`` runs the pass on the Triton kernels (``models.fused``: CUDA, or the CPU under
+        ``TRITON_INTERPRET=1``) instead of the plain torch ops.
+        """
+        if kernels:
+            from selfhost.models import fused  # imports triton: only where kernels run
+
+            return fused.forward(self, input_ids, positions, kv_caches, meta)
         x = F.embedding(input_ids, self.embed)  # (N, C)
         dtype = x.dtype
         cos = self.rope_cos.index_select(0, positions).unsqueeze(1).to(dtype)  # (N, 1, hd)
@@ -155,8 +164,10 @@ class LlamaForCausalLM(nn.Module):
         """Every linear layer, the LM head last."""
         return [m for m in self.modules() if isinstance(m, Linear) and m is not self.lm_head] + [self.lm_head]
 
-    def quantize(self, mode: Quantization, group_size: int = 32) -> None:
+    def quantize(self, mode: Quantization, group_size: int = 32, kernels: bool | None = None) -> None:
         """Quantize every linear layer and the LM head in place (weight-only; the embedding stays float).
+
+        ``kernels`` picks the Triton kernels' layouts; None picks them for a model on a GPU.
 
         Raises:
             ValueError: the model is already quantized.
@@ -166,7 +177,7 @@ class LlamaForCausalLM(nn.Module):
         if self.quantization != "none":
             raise ValueError(f"the model is already quantized as {self.quantization}")
         for linear in self.linears():
-            linear.quantize(mode, group_size)
+            linear.quantize(mode, group_size, kernels)
         self.quantization = mode
 
     def weight_bytes(self) -> int:

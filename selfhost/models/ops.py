@@ -46,6 +46,8 @@ class AttentionMetadata:
     """The other sequences."""
     all_decode: bool
     """Every row is a decode row in order (``decode_rows == arange(N)``): no gather or scatter of rows needed."""
+    decode_lens: torch.Tensor | None = None
+    """(D,) int64: each decode sequence's context length (the kernel path reads it instead of ``decode_mask``)."""
 
 
 def build_attention_metadata(
@@ -91,6 +93,7 @@ def build_attention_metadata(
         decode_mask=mask[:, None, None, :],  # (D, 1, 1, Bmax * bs)
         prefills=prefills,
         all_decode=not prefills,
+        decode_lens=lens,
     )
 
 
@@ -183,9 +186,25 @@ def paged_attention(
     v_flat = v_cache.view(-1, nkv, hd)
     if meta.decode_rows.numel():
         out[meta.decode_rows] = _decode_attention(q[meta.decode_rows], k_cache, v_cache, meta, scale)
+    prefill_attention(q, k_flat, v_flat, meta.prefills, out, scale)
+    return out
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k_flat: torch.Tensor,
+    v_flat: torch.Tensor,
+    prefills: list[PrefillSeq],
+    out: torch.Tensor,
+    scale: float,
+) -> None:
+    """Write into ``out`` the causal attention of each multi-token sequence over its gathered context.
+
+    ``k_flat`` and ``v_flat`` are the caches viewed as ``(num_blocks * block_size, nkv, hd)``.
+    """
     # NOTE(crossway): multi-token sequences (prefill chunks) get one SDPA call each over their
-    # gathered context; a paged-attention kernel replaces this loop on the GPU.
-    for seq in meta.prefills:
+    # gathered context (the kernel path uses it too: no Triton prefill kernel yet).
+    for seq in prefills:
         k = k_flat.index_select(0, seq.context_slots).transpose(0, 1)  # (nkv, L, hd)
         v = v_flat.index_select(0, seq.context_slots).transpose(0, 1)
         qi = q[seq.rows].transpose(0, 1)  # (nh, q_len, hd)
@@ -193,7 +212,6 @@ def paged_attention(
             qi, k, v, attn_mask=seq.mask, is_causal=seq.mask is None, scale=scale, enable_gqa=True
         )  # (nh, q_len, hd)
         out[seq.rows] = o.transpose(0, 1)
-    return out
 
 
 def _decode_attention(

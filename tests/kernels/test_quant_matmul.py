@@ -102,3 +102,53 @@ def test_int4_matmul_rejects_group_not_dividing_half_k(device):
 def test_int8_matmul_rejects_float_weight(device):
     with pytest.raises(ValueError, match="qweight must be one of"):
         int8_matmul(torch.randn(1, 8, device=device), torch.randn(4, 8, device=device), torch.ones(4, device=device))
+
+
+GATED_CONFIGS = (
+    [None, Config("gemv", 32, 256, 4), Config("tiled", 64, 32, 2)]
+    if ON_GPU
+    else [Config("gemv", 16, 32, 2), Config("tiled", 16, 16, 2, block_m=16)]
+)
+
+
+@pytest.mark.parametrize("config", GATED_CONFIGS)
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_gated_matmul_equals_silu_and_mul_then_matmul(device, config, kind):
+    m, n, k = (1, 1027, 4096) if ON_GPU else (2, 17, 64)
+    group = 32 if ON_GPU else 16
+    gate_up = torch.randn(m, 2 * k, dtype=torch.bfloat16)
+    x = reference.silu_and_mul(gate_up)
+    w = torch.randn(n, k)
+    if kind == "int8":
+        qw, s = reference.quantize_int8(w)
+        out = int8_matmul(gate_up.to(device), qw.to(device), s.to(device), config=config, gated=True)
+        ref = reference.int8_matmul(x.float(), qw, s)
+    else:
+        packed, s, z = reference.quantize_int4(w, group)
+        tensors = (packed.to(device), s.to(device), z.to(device))
+        out = int4_matmul(gate_up.to(device), *tensors, group, config=config, gated=True)
+        ref = reference.int4_matmul(x.float(), packed, s, z, group)
+    assert out.shape == (m, n)
+    assert _rel_err(out.cpu(), ref) < 1e-2
+
+
+def test_int8_matmul_gated_rejects_ungated_width(device):
+    qw, s = reference.quantize_int8(torch.randn(8, 16))
+    with pytest.raises(ValueError, match="x must be \\(M, 32\\)"):
+        int8_matmul(torch.randn(1, 16, device=device), qw.to(device), s.to(device), gated=True)
+
+
+def test_split_k_repeats_bit_exactly_and_leaves_counters_at_zero(device):
+    """The in-launch split-K reduction sums in split order and resets its counters for the next launch."""
+    from kernels import quant_matmul
+
+    n, k, group = (4099, 4096, 64) if ON_GPU else (33, 128, 16)
+    cfg = Config("gemv", 32, 128, 4) if ON_GPU else Config("gemv", 16, 16, 3)
+    packed, s, z = (t.to(device) for t in reference.quantize_int4(torch.randn(n, k), group))
+    x = torch.randn(1, k, device=device)
+    first = int4_matmul(x, packed, s, z, group, config=cfg)
+    second = int4_matmul(x, packed, s, z, group, config=cfg)
+    assert torch.equal(first, second)
+    assert int(quant_matmul._COUNTERS[x.device].abs().sum()) == 0
+    ref = reference.int4_matmul(x.cpu(), packed.cpu(), s.cpu(), z.cpu(), group)
+    assert _rel_err(first.cpu(), ref) < 1e-3

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from gateway.cache.prefix import PROMPT_CACHE_MIN_CHARS, prefix_blocks, prompt_cache_key, stable_prefix
+from gateway.cache.prefix import (
+    PROMPT_CACHE_MIN_CHARS,
+    PrefixBlock,
+    prefix_blocks,
+    prompt_cache_key,
+    request_prefix,
+    stable_prefix,
+)
+from gateway.pipeline import PREFIX_MIN_CHARS, workload
 from gateway.providers import anthropic, openai
 from gateway.types import ChatRequest, Message, TextPart, Tool
 
@@ -81,3 +89,29 @@ def test_anthropic_long_conversation_marks_the_last_message_too_and_never_more_t
     assert body["messages"][-1]["content"][-1] == {"type": "text", "text": "q2", "cache_control": {"type": "ephemeral"}}
     assert "cache_control" not in str(body["messages"][:-1])
     assert str(body).count("cache_control") == 2
+
+
+def test_request_prefix_is_the_stable_block_computed_once_and_kept_on_the_request():
+    request = make_request(turns=("q1", "a1", "q2"), tools=[Tool("f")])
+    stable = request_prefix(request)
+    assert stable == stable_prefix(prefix_blocks(make_request(turns=("q1", "a1", "q2"), tools=[Tool("f")])))
+    assert request.stable_prefix is stable and request_prefix(request) is stable
+    assert request_prefix(make_request(system="")) is None
+
+
+def test_prompt_cache_key_and_router_affinity_read_the_prefix_the_pipeline_kept():
+    """Both derive from ``request.stable_prefix``: a block set there is not recomputed from the messages."""
+    request = make_request()
+    work = workload(request)
+    assert request.stable_prefix is not None and work.prefix_key == request.stable_prefix.hash
+    request.stable_prefix = PrefixBlock("system", "f" * 64, PROMPT_CACHE_MIN_CHARS)
+    elsewhere = make_request(system="an unrelated prompt " * 300)
+    elsewhere.stable_prefix = request.stable_prefix
+    assert prompt_cache_key(request) == prompt_cache_key(elsewhere)
+    assert workload(elsewhere).prefix_key == "f" * 64
+
+
+def test_router_affinity_needs_a_stable_prefix_of_prefix_min_chars():
+    assert workload(make_request(system="x" * (PREFIX_MIN_CHARS - 1))).prefix_key is None
+    assert workload(make_request(system="x" * PREFIX_MIN_CHARS)).prefix_key is not None
+    assert workload(make_request(system="")).prefix_key is None

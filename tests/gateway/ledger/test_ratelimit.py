@@ -101,3 +101,18 @@ async def test_ledger_applies_key_limits_and_records_the_refusal(sqlite_db) -> N
         await admit("limited")
     await ledger.aclose()
     assert [(r.request_id, r.status) for r in await rows(sqlite_db) if r.request_id == "limited"] == [("limited", 429)]
+
+
+async def test_headers_name_the_tightest_rule_in_openai_and_anthropic_styles(rate_counts) -> None:
+    limiter = RateLimiter(rate_counts, Clock(T0 + 15))
+    charged = await limiter.acquire([Rule("t:acme", "requests", 100), Rule("k:1", "requests", 5)], 0)
+    openai_style = charged.headers()
+    assert openai_style == {
+        "x-ratelimit-limit-requests": "5",
+        "x-ratelimit-remaining-requests": "4",
+        "x-ratelimit-reset-requests": "1m45s",  # what was charged now leaves the window at the end of next minute
+    }
+    anthropic_style = charged.headers("anthropic")
+    assert anthropic_style["anthropic-ratelimit-requests-limit"] == "5"
+    assert anthropic_style["anthropic-ratelimit-requests-remaining"] == "4"
+    assert anthropic_style["anthropic-ratelimit-requests-reset"] == "2027-01-15T08:02:00Z"  # T0 + 15 s + 105 s

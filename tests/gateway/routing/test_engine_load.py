@@ -2,8 +2,10 @@
 
 import dataclasses
 
+import pytest
+
 from gateway.policy import Plan, Price, ProviderConfig, RoutingOptions, SloClass, Target
-from gateway.router import KV_RESERVE, Workload, route
+from gateway.router import DEFERRABLE_KV_RESERVE, KV_RESERVE, Workload, route
 from gateway.stats import EngineLoad, Observed
 
 INTERACTIVE = SloClass("interactive", ttft_p95_ms=800, tpot_p95_ms=60)
@@ -19,9 +21,13 @@ FAST_ENGINE = Observed(0.1, 0.15, 0.005, 0.008, 0.0, 2, 50)
 FAST_API = Observed(0.3, 0.4, 0.02, 0.03, 0.0, 0, 50)
 
 
-def _decide(engine: EngineLoad | None):
+BATCH = SloClass("batch", deadline_s=86400)
+STANDARD = SloClass("standard", ttft_p95_ms=2500, tpot_p95_ms=100)
+
+
+def _decide(engine: EngineLoad | None, slo: SloClass = INTERACTIVE):
     observed = {ENGINE.key: dataclasses.replace(FAST_ENGINE, engine=engine), API.key: FAST_API}
-    plan = Plan("m", (ENGINE, API), (), INTERACTIVE)
+    plan = Plan("m", (ENGINE, API), (), slo)
     return route(plan, observed, {}, Workload(500, 100), CONFIGS, RoutingOptions(), (0.999, 0.0))
 
 
@@ -43,3 +49,23 @@ def test_engine_with_its_kv_cache_nearly_full_is_not_qualified():
     engine = next(c for c in decision.candidates if c.target == ENGINE)
     assert not engine.qualified and "KV cache" in engine.reason
     assert decision.order[0] == API
+
+
+@pytest.mark.parametrize(
+    ("kv_free", "slo", "first"),
+    [
+        (DEFERRABLE_KV_RESERVE, BATCH, "gpu/smollm2"),  # at the reserve: still free for batch work
+        (DEFERRABLE_KV_RESERVE - 0.01, BATCH, "api/gpt"),
+        (0.1, BATCH, "api/gpt"),
+        (0.1, STANDARD, "gpu/smollm2"),  # classes with a latency objective may use the reserve
+        (0.1, INTERACTIVE, "gpu/smollm2"),
+    ],
+)
+def test_engine_keeps_its_kv_reserve_for_latency_classes(kv_free, slo, first):
+    """A deadline-only request leaves a filling engine's last slots to requests that cannot wait."""
+    decision = _decide(EngineLoad(waiting=0, running=16, kv_free=kv_free), slo)
+    assert [t.key for t in decision.order] == [first, *({"gpu/smollm2", "api/gpt"} - {first})]
+    engine = next(c for c in decision.candidates if c.target == ENGINE)
+    if first == "api/gpt":
+        assert engine.usable and not engine.qualified
+        assert engine.reason == f"KV cache {kv_free:.0%} free, kept for latency classes"

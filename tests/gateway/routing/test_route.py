@@ -3,7 +3,16 @@ import random
 import pytest
 
 from gateway.policy import Plan, Price, ProviderConfig, RoutingOptions, SloClass, Target
-from gateway.router import AFFINITY_HEADROOM, PRIOR_TPOT_S, PRIOR_TTFT_S, Router, Workload, engine_price, route
+from gateway.router import (
+    AFFINITY_HEADROOM,
+    EXPLORE_FLOOR,
+    PRIOR_TPOT_S,
+    PRIOR_TTFT_S,
+    Router,
+    Workload,
+    engine_price,
+    route,
+)
 from gateway.stats import Observed
 
 INTERACTIVE = SloClass("interactive", ttft_p95_ms=800, tpot_p95_ms=60)
@@ -178,10 +187,14 @@ def test_route_appends_plan_fallbacks_after_every_own_target():
 @pytest.mark.parametrize(
     ("draws", "share", "first", "reason"),
     [
-        ((0.05, 0.0), 0.1, "mid", "explore"),
-        ((0.05, 0.49), 0.1, "mid", "explore"),
-        ((0.05, 0.5), 0.1, "slow", "explore"),
-        ((0.05, 0.999), 0.1, "slow", "explore"),  # a usable candidate that misses may be explored
+        # mid costs twice the choice (cheap): explored on the lower half of the draws under the share.
+        ((0.04, 0.0), 0.1, "mid", "explore"),
+        ((0.0, 0.49), 0.1, "mid", "explore"),
+        ((0.05, 0.0), 0.1, "cheap", "cheapest-meeting-slo"),
+        ((0.09, 0.49), 0.1, "cheap", "cheapest-meeting-slo"),
+        # slow is cheaper than the choice: explored on every draw under the share.
+        ((0.0, 0.5), 0.1, "slow", "explore"),
+        ((0.099, 0.999), 0.1, "slow", "explore"),  # a usable candidate that misses may be explored
         ((0.1, 0.0), 0.1, "cheap", "cheapest-meeting-slo"),  # the draw must fall under the share
         ((0.0, 0.5), 0.0, "cheap", "cheapest-meeting-slo"),  # a share of 0 never explores
     ],
@@ -194,6 +207,16 @@ def test_route_explores_another_usable_candidate_on_a_scripted_draw(draws, share
     assert decision.reason == reason
     assert models(decision)[-1] == "dear"  # never explores an unusable candidate
     assert sorted(models(decision)) == ["cheap", "dear", "mid", "slow"]
+
+
+@pytest.mark.parametrize(("explore_draw", "explored"), [(0.0, True), (0.0049, True), (0.0051, False), (0.05, False)])
+def test_route_explores_a_much_dearer_candidate_at_the_floor_share(explore_draw, explored):
+    """A candidate 100 times dearer than the choice keeps EXPLORE_FLOOR (5 %) of the exploration share."""
+    dearer = api("dearer", 50.0, 200.0)
+    decision = decide([CHEAP, dearer], draws=(explore_draw, 0.0), share=0.1)
+    assert EXPLORE_FLOOR == 0.05
+    assert models(decision) == (["dearer", "cheap"] if explored else ["cheap", "dearer"])
+    assert decision.reason == ("explore" if explored else "cheapest-meeting-slo")
 
 
 def test_route_does_not_explore_with_a_single_usable_candidate():

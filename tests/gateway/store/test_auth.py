@@ -4,8 +4,9 @@ import asyncio
 
 import pytest
 
-from gateway.auth import Authenticator, bearer_key, check_admin
+from gateway.auth import Authenticator, admin_role, bearer_key, check_admin
 from gateway.errors import AuthenticationError, PermissionDenied
+from gateway.settings import Settings
 from gateway.store.keys import KeyStore, Principal, hash_key
 
 
@@ -192,3 +193,35 @@ def test_check_admin_raises_authentication_error_when_key_missing_or_wrong(prese
     with pytest.raises(AuthenticationError) as exc:
         check_admin(presented, "s3cret")
     assert exc.value.status_code == 401
+
+
+def test_admin_role_tells_the_admin_key_from_the_finance_key() -> None:
+    assert admin_role("s3cret", "s3cret", "f1nance") == "admin"
+    assert admin_role("f1nance", "s3cret", "f1nance") == "finance"
+    assert admin_role("f1nance", None, "f1nance") == "finance"  # a finance key alone still reads
+
+
+@pytest.mark.parametrize("presented", [None, "", "wrong", "f1nanc", "s3cret"])
+def test_admin_role_rejects_any_other_key_with_401(presented: str | None) -> None:
+    with pytest.raises(AuthenticationError) as exc:
+        admin_role(presented, None, "f1nance")
+    assert exc.value.status_code == 401
+
+
+def test_admin_role_denies_when_no_key_is_configured() -> None:
+    with pytest.raises(PermissionDenied, match="CROSSWAY_ADMIN_KEY"):
+        admin_role("anything", None, None)
+
+
+def test_check_admin_refuses_the_finance_key_with_403() -> None:
+    with pytest.raises(PermissionDenied, match="read-only") as exc:
+        check_admin("f1nance", "s3cret", "f1nance")
+    assert (exc.value.status_code, exc.value.code) == (403, "read_only_key")
+    check_admin("s3cret", "s3cret", "f1nance")
+
+
+def test_settings_read_the_finance_key_from_the_environment() -> None:
+    settings = Settings.from_env({"CROSSWAY_ADMIN_KEY": "adm1n-secret", "CROSSWAY_FINANCE_KEY": "f1n-secret"})
+    assert (settings.admin_key, settings.finance_key) == ("adm1n-secret", "f1n-secret")
+    assert Settings.from_env({"CROSSWAY_FINANCE_KEY": ""}).finance_key is None
+    assert "f1n-secret" not in repr(settings)

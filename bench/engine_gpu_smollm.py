@@ -1,0 +1,301 @@
+"""GPU benchmark of the whole engine (``selfhost``) on SmolLM2-135M: latency, throughput, prefix caching, chunking, quality.
+
+One command on the GPU machine; prints each number as it comes and writes JSON. Every section is
+timed on the engine's public path (``add_request`` / ``step``): scheduler, KV bookkeeping,
+kernels, CUDA graphs and sampling included.
+
+- batch-1 decode ms per token in bf16, int8 and int4 (greedy, 256 tokens after a 32-token prompt);
+- offline throughput: 256 requests, prompt and output lengths uniform in [100, 1024], random
+  token ids, ``ignore_eos`` (the nano-vllm workload), with prefix caching on and off;
+- TTFT of a 4,096-token prompt cold, then with its prefix cached;
+- inter-token latency of 128 running requests while 8k-token prompts arrive in chunks;
+- perplexity of bf16, int8 and int4 on a fixed English text, and their top-1 agreement with bf16.
+
+    python -m bench.engine_gpu_smollm --json $OUT/engine_gpu_smollm.json
+    python -m bench.engine_gpu_smollm --device cpu --smoke   # a small CPU run of the same code
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import time
+import traceback
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from selfhost.config import DType, EngineConfig
+from selfhost.engine import LLMEngine
+from selfhost.models.ops import build_attention_metadata
+from selfhost.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+TEXT_PATH = Path(__file__).with_name("data") / "declaration.txt"
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_all(engine: LLMEngine) -> tuple[float, int]:
+    """Step until every request is done; return (seconds, output tokens)."""
+    sync(engine.config.device)
+    start = time.perf_counter()
+    tokens = 0
+    while engine.has_unfinished_requests():
+        tokens += sum(len(out.token_ids) for out in engine.step())
+    sync(engine.config.device)
+    return time.perf_counter() - start, tokens
+
+
+def batch1_ms_per_token(engine: LLMEngine, new_tokens: int) -> float:
+    """Median-free plain mean over ``new_tokens`` decode steps of one request (its first token excluded)."""
+    engine.add_request("warm", list(range(1000, 1032)), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    run_all(engine)
+    engine.add_request(
+        "b1", list(range(2000, 2032)), SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    )
+    engine.step()  # prefill + first token
+    seconds, tokens = run_all(engine)
+    return 1000.0 * seconds / tokens
+
+
+def offline(engine: LLMEngine, n: int, lo: int, hi: int, seed: int) -> dict[str, float]:
+    """Throughput of ``n`` requests with prompt and output lengths uniform in [lo, hi]."""
+    rng = random.Random(seed)
+    vocab = engine.model_config.vocab_size
+    total_in = 0
+    for i in range(n):
+        prompt = [rng.randrange(100, vocab - 100) for _ in range(rng.randint(lo, hi))]
+        total_in += len(prompt)
+        out_len = rng.randint(lo, hi)
+        engine.add_request(f"o{seed}-{i}", prompt, SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True))
+    seconds, tokens = run_all(engine)
+    return {
+        "requests": n,
+        "seconds": seconds,
+        "output_tokens": tokens,
+        "input_tokens": total_in,
+        "output_tok_s": tokens / seconds,
+    }
+
+
+def ttft(engine: LLMEngine, prompt_len: int, repeats: int) -> dict[str, Any]:
+    """Time to first token of a fresh prompt, then of the same prompt again (its prefix cached)."""
+    cold: list[float] = []
+    warm: list[float] = []
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    for r in range(repeats + 1):
+        prompt = [100 + (r * 7919 + i * 31) % 40000 for i in range(prompt_len)]
+        for bucket, tag in ((cold, "cold"), (warm, "warm")):
+            engine.add_request(f"t{r}{tag}", prompt, params)
+            seconds, _ = run_all(engine)
+            if r:  # the first round compiles kernels for the shapes
+                bucket.append(seconds * 1000.0)
+    c, w = statistics.median(cold), statistics.median(warm)
+    return {
+        "prompt_tokens": prompt_len,
+        "cold_ms": c,
+        "cached_ms": w,
+        "speedup": c / w,
+        "cold_all": cold,
+        "cached_all": warm,
+    }
+
+
+def chunked_itl(
+    engine: LLMEngine, running: int, long_len: int, arrivals: int, every: int, steps: int
+) -> dict[str, Any]:
+    """Step times of ``running`` decoding requests, steady and while long prompts arrive every ``every`` steps."""
+    params = SamplingParams(max_tokens=engine.max_model_len - 64, temperature=0.0, ignore_eos=True)
+    for i in range(running):
+        engine.add_request(f"run{i}", [200 + (i * 13 + j) % 30000 for j in range(64)], params)
+    while (
+        any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running) or engine.scheduler.waiting
+    ):
+        engine.step()
+
+    def timed_steps(k: int, arrive: Callable[[int], None] | None = None) -> list[float]:
+        times = []
+        for s in range(k):
+            if arrive is not None:
+                arrive(s)
+            sync(engine.config.device)
+            t0 = time.perf_counter()
+            engine.step()
+            sync(engine.config.device)
+            times.append((time.perf_counter() - t0) * 1000.0)
+        return times
+
+    timed_steps(5)
+    steady = timed_steps(steps)
+    long_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+    def arrive(s: int) -> None:
+        if s % every == 0 and s // every < arrivals:
+            prompt = [300 + (s * 17 + j * 7) % 40000 for j in range(long_len)]
+            engine.add_request(f"long{s}", prompt, long_params)
+
+    mixed = timed_steps(arrivals * every + every, arrive)
+    engine.abort([f"run{i}" for i in range(running)])
+    steady_med = statistics.median(steady)
+    p99 = sorted(mixed)[min(len(mixed) - 1, math.ceil(0.99 * len(mixed)) - 1)]
+    return {
+        "running": running,
+        "long_prompt_tokens": long_len,
+        "arrivals": arrivals,
+        "budget": engine.config.max_num_batched_tokens,
+        "steady_step_ms": steady_med,
+        "itl_p99_ms": p99,
+        "ratio": p99 / steady_med,
+        "mixed_max_ms": max(mixed),
+        "mixed_median_ms": statistics.median(mixed),
+    }
+
+
+@torch.inference_mode()
+def text_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
+    """``(L, V)`` fp32 next-token logits for every position of ``ids`` in one prefill (no sampling)."""
+    runner = engine.runner
+    bs = runner.block_size
+    table = list(range(-(-len(ids) // bs)))  # blocks 0.. of a pool no request holds now
+    meta = build_attention_metadata([0, len(ids)], [len(ids)], [table], bs, runner.device)
+    t = torch.tensor(ids, device=runner.device)
+    hidden = runner.model(
+        t, torch.arange(len(ids), device=runner.device), runner.kv_caches, meta, kernels=runner.use_kernels
+    )
+    return runner.model.compute_logits(hidden)
+
+
+def quality(engines: dict[str, LLMEngine], text: str) -> dict[str, Any]:
+    first = next(iter(engines.values()))
+    assert first.tokenizer is not None
+    ids = first.tokenizer.encode(text)[: min(2048, first.max_model_len)]
+    out: dict[str, Any] = {"tokens": len(ids)}
+    base_top1 = None
+    for name, engine in engines.items():
+        logits = text_logits(engine, ids)[:-1]  # predicts ids[1:]
+        target = torch.tensor(ids[1:], device=logits.device)
+        nll = torch.nn.functional.cross_entropy(logits, target)
+        top1 = logits.argmax(-1)
+        base_top1 = top1 if base_top1 is None else base_top1
+        out[name] = {
+            "perplexity": math.exp(float(nll)),
+            "top1_agree_with_unquantized": float((top1 == base_top1).float().mean()),
+        }
+    return out
+
+
+def section(results: dict[str, Any], name: str, fn: Callable[[], Any], path: Path) -> None:
+    """Run one measurement into ``results[name]`` (its error instead, if it fails) and rewrite the JSON."""
+    t0 = time.perf_counter()
+    try:
+        results[name] = fn()
+    except Exception as exc:  # noqa: BLE001 (one failed section must not lose the others)
+        results[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+    print(f"{name} ({time.perf_counter() - t0:.1f} s): {json.dumps(results[name], default=str)[:600]}", flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=str))  # a killed run keeps what it measured
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--smoke", action="store_true", help="tiny counts (a CPU check of the code)")
+    ap.add_argument("--only", default="", help="comma-separated sections")
+    ap.add_argument("--json", default="bench/results/engine_gpu_smollm.json")
+    args = ap.parse_args()
+    smoke = args.smoke
+    cuda = args.device.startswith("cuda")
+    dtype: DType = "bfloat16" if cuda else "float32"
+    base = EngineConfig(
+        device=args.device,
+        dtype=dtype,
+        max_num_seqs=256 if not smoke else 8,
+        max_num_batched_tokens=8192 if not smoke else 256,
+        max_model_len=8192 if not smoke else 512,
+        kv_cache_memory_bytes=(10 << 30) if cuda else (256 << 20),
+        cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256),
+    )
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "smoke": smoke,
+    }
+    only = set(filter(None, args.only.split(",")))
+    json_path = Path(args.json)
+
+    def run(name: str, fn: Callable[[], Any]) -> None:
+        section(results, name, fn, json_path)
+
+    def want(name: str) -> bool:
+        return not only or name in only
+
+    engines: dict[str, LLMEngine] = {}
+
+    def engine(quant: str = "none", **overrides: Any) -> LLMEngine:
+        if quant not in engines:
+            t0 = time.perf_counter()
+            # NOTE(crossway): only the bf16 engine runs the big workloads; the quantized ones get a
+            # small KV pool and few graphs, so three models fit on one GPU together.
+            small = {} if quant == "none" else {"kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 8}
+            cfg = replace(base, quantization=quant, **small)  # type: ignore[arg-type]
+            engines[quant] = LLMEngine.from_model(args.model, cfg)
+            results.setdefault("load_s", {})[quant] = time.perf_counter() - t0
+        e = engines[quant]
+        e.kv.pool.reset_prefix_cache()
+        return (
+            e
+            if not overrides
+            else LLMEngine(e.runner.model, e.model_config, e.tokenizer, replace(e.config, **overrides))
+        )
+
+    n_tok = 16 if smoke else 256
+    for quant in ("none", "int8", "int4"):
+        if want("batch1"):
+            run(f"batch1_{quant}", partial(lambda q: {"ms_per_token": batch1_ms_per_token(engine(q), n_tok)}, quant))
+    if want("offline"):
+        n, lo, hi = (6, 10, 40) if smoke else (256, 100, 1024)
+        run("offline_warmup", lambda: offline(engine(), min(n, 32), lo, lo + 20, seed=1))
+        run("offline", lambda: offline(engine(), n, lo, hi, seed=0))
+        run(
+            "offline_no_prefix_cache",
+            lambda: offline(engine("none", enable_prefix_caching=False), n, lo, hi, seed=0),
+        )
+        run("offline_again", lambda: offline(engine(), n, lo, hi, seed=2))
+    if want("ttft"):
+        run("ttft_4k", lambda: ttft(engine(), 128 if smoke else 4096, 1 if smoke else 3))
+    if want("chunked"):
+        run(
+            "chunked_itl",
+            lambda: chunked_itl(
+                engine("none", max_num_batched_tokens=64 if smoke else 512, max_num_seqs=8 if smoke else 160),
+                running=4 if smoke else 128,
+                long_len=200 if smoke else 7680,
+                arrivals=2,
+                every=4 if smoke else 20,
+                steps=5 if smoke else 50,
+            ),
+        )
+    if want("quality"):
+        text = TEXT_PATH.read_text()
+        run("quality", lambda: quality({q: engine(q) for q in ("none", "int8", "int4")}, text))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

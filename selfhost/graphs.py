@@ -1,0 +1,117 @@
+"""CUDA graphs of the decode step: one capture per batch size, replayed with new inputs.
+
+A decode step of a small model is a few hundred short kernels; launching them from Python costs
+more than running them. Each captured graph replays the whole kernel pass (``models.fused``), final
+norm and LM head included, reading its inputs from static buffers: token ids, positions, KV slots,
+context lengths and block tables. A batch is padded to the next captured size with rows that write
+no KV (slot -1) and read none (length 0).
+
+Owns the static buffers, the captures and the fill-and-replay. Does not own deciding when a step
+is decode-only (``runner``), the kernels (``kernels/``) nor sampling (``sampling``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from selfhost.models.ops import AttentionMetadata
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from selfhost.models.llama import LlamaForCausalLM
+
+_IDS, _POS, _SLOTS, _LENS = range(4)
+
+
+class DecodeGraphs:
+    """Decode-step graphs for a set of batch sizes over one model and its KV cache tensors."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        batch_sizes: Sequence[int],
+        max_blocks: int,
+        device: torch.device,
+    ) -> None:
+        """Capture one graph per size (compiling the kernels first); ``max_blocks`` bounds a block table."""
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
+        self.sizes = sorted(set(batch_sizes))
+        self.max_batch = self.sizes[-1]
+        self.max_blocks = max_blocks
+        b = self.max_batch
+        # NOTE(crossway): pinned host staging, so each step's inputs go up in two async copies; the
+        # host rows are rewritten only after the previous step's sampled ids came back (a sync), so
+        # no copy in flight can read a half-written row.
+        self._host = torch.zeros((4, b), dtype=torch.long, pin_memory=True)
+        self._host_np = self._host.numpy()
+        self._host_tables = torch.zeros((b, max_blocks), dtype=torch.int32, pin_memory=True)
+        self._host_tables_np = self._host_tables.numpy()
+        self._inputs = torch.zeros((4, b), dtype=torch.long, device=device)  # ids, positions, slots, lens
+        self._tables = torch.zeros((b, max_blocks), dtype=torch.int32, device=device)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: dict[int, torch.Tensor] = {}
+        self._capture(model, kv_caches, device)
+
+    @torch.inference_mode()
+    def _capture(
+        self, model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device
+    ) -> None:
+        self._inputs[_SLOTS].fill_(-1)  # warm-up and capture runs write nothing into the cache
+        self._inputs[_LENS].zero_()
+        pool = None
+        for bs in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
+            meta = AttentionMetadata(
+                slot_mapping=self._inputs[_SLOTS, :bs],
+                decode_rows=torch.arange(bs, device=device),
+                decode_blocks=self._tables[:bs].view(-1),
+                decode_mask=torch.empty(0, device=device),
+                prefills=[],
+                all_decode=True,
+                decode_lens=self._inputs[_LENS, :bs],
+            )
+
+            def step(bs: int = bs, meta: AttentionMetadata = meta) -> torch.Tensor:
+                ids, pos = self._inputs[_IDS, :bs], self._inputs[_POS, :bs]
+                return model.compute_logits(model(ids, pos, kv_caches, meta, kernels=True))  # (bs, V) fp32
+
+            side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):  # compiles the kernels for this size before capture
+                step()
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._logits[bs] = step()
+            pool = graph.pool()
+            self._graphs[bs] = graph
+        torch.cuda.synchronize(device)
+
+    def run(
+        self, ids: Sequence[int], positions: Sequence[int], slots: Sequence[int], tables: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
+        """Replay the step for ``n`` one-token rows; return ``(n, vocab)`` fp32 logits (overwritten by the next run).
+
+        ``positions`` are the new tokens' positions (the context length is ``position + 1``),
+        ``slots`` their flat KV slots, ``tables`` each row's block ids.
+        """
+        n = len(ids)
+        bs = next(s for s in self.sizes if s >= n)
+        h = self._host_np
+        h[_IDS, :n] = ids
+        h[_POS, :n] = positions
+        h[_SLOTS, :n] = slots
+        h[_LENS, :n] = h[_POS, :n] + 1
+        h[:, n:bs] = 0
+        h[_SLOTS, n:bs] = -1  # padding rows: no KV write, no context
+        t = self._host_tables_np
+        for i, table in enumerate(tables):
+            t[i, : len(table)] = table  # entries past a row's length are never read
+        self._inputs.copy_(self._host, non_blocking=True)
+        self._tables[:n].copy_(self._host_tables[:n], non_blocking=True)
+        self._graphs[bs].replay()
+        return self._logits[bs][:n]

@@ -1,0 +1,99 @@
+"""The decoder's forward pass on the Triton kernels: every device-specific model op in one place.
+
+Owns the kernel-backed pass of ``LlamaForCausalLM``: the residual add fused into each RMSNorm,
+rotary embedding fused with the KV-cache write, paged split-KV decode attention for one-token
+rows, SiLU-and-mul, and the quantized matmuls (through ``Linear``). Multi-token rows (prefill and
+chunked prefill) keep ``ops.prefill_attention`` (SDPA over the gathered context): there is no
+Triton prefill kernel yet. Runs on CUDA, or on the CPU under ``TRITON_INTERPRET=1`` (tests). Does
+not own the weights or their names (``llama``), the plain-torch path (``ops``) nor CUDA graphs
+(``selfhost.graphs``).
+
+Rounding follows the torch path: the residual sum is rounded to the activation dtype before the
+norm, the norm is computed in fp32 and rounded before the weight multiply, rotary in fp32 rounded
+once. In fp32 the two paths agree to float rounding (the kernels may contract into FMAs); they are
+not bit-equal.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import torch
+import torch.nn.functional as F  # noqa: N812 (the torch convention)
+
+from kernels.activation import silu_and_mul
+from kernels.paged_attention import paged_decode_attention
+from kernels.rmsnorm import rms_norm_residual
+from kernels.rope_kv import rope_write_kv
+from selfhost.models import ops
+
+if TYPE_CHECKING:
+    from selfhost.models.llama import Attention, DecoderLayer, LlamaForCausalLM
+
+
+def forward(
+    model: LlamaForCausalLM,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    meta: ops.AttentionMetadata,
+) -> torch.Tensor:
+    """``LlamaForCausalLM.forward`` on the kernels: ``(N,)`` ids at ``(N,)`` positions -> normed hidden ``(N, C)``.
+
+    Only tensor shapes steer the launches for an all-decode ``meta``, so the pass can be captured in
+    a CUDA graph and replayed with new ids, positions, slots (negative: skip the write), block
+    tables and lengths (0: a padding row with a zero attention output).
+    """
+    eps = model.cfg.rms_norm_eps
+    half = model.cfg.head_dim // 2
+    # the kernel wants (P, hd/2) tables of cos and +sin; the model keeps rotate_half layouts
+    cos = model.rope_cos[:, :half]
+    sin = model.rope_sin_signed[:, half:]
+    x = F.embedding(input_ids, model.embed)  # (N, C)
+    residual: torch.Tensor | None = None
+    layers = cast("list[DecoderLayer]", list(model.layers))
+    for layer, (k_cache, v_cache) in zip(layers, kv_caches, strict=True):
+        h, residual = rms_norm_residual(x, residual, layer.attn_norm, eps)
+        x = _attention(layer.attn, h, positions, cos, sin, k_cache, v_cache, meta)
+        h, residual = rms_norm_residual(x, residual, layer.mlp_norm, eps)
+        x = layer.mlp.down(silu_and_mul(layer.mlp.gate_up(h)))
+    out, _ = rms_norm_residual(x, residual, model.norm, eps)
+    return out
+
+
+def _attention(
+    attn: Attention,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: ops.AttentionMetadata,
+) -> torch.Tensor:
+    N = x.shape[0]
+    qkv = attn.qkv(x)  # (N, (nh + 2 nkv) hd)
+    q = qkv[:, : attn.q_size].view(N, attn.nh, attn.hd)  # strided views into qkv: no copies
+    k = qkv[:, attn.q_size : attn.q_size + attn.kv_size].view(N, attn.nkv, attn.hd)
+    v = qkv[:, attn.q_size + attn.kv_size :].view(N, attn.nkv, attn.hd)
+    rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache, meta.slot_mapping)  # q rotated in place
+    if meta.all_decode:
+        o = _decode(q, k_cache, v_cache, meta, attn.scale)
+    else:
+        o = torch.empty((N, attn.nh, attn.hd), dtype=x.dtype, device=x.device)
+        if meta.decode_rows.numel():
+            o[meta.decode_rows] = _decode(q[meta.decode_rows], k_cache, v_cache, meta, attn.scale)
+        nkv, hd = k_cache.shape[2], k_cache.shape[3]
+        ops.prefill_attention(q, k_cache.view(-1, nkv, hd), v_cache.view(-1, nkv, hd), meta.prefills, o, attn.scale)
+    out: torch.Tensor = attn.o(o.reshape(N, attn.q_size))  # (N, C)
+    return out
+
+
+def _decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: ops.AttentionMetadata, scale: float
+) -> torch.Tensor:
+    if meta.decode_lens is None:
+        raise ValueError("the kernel path needs AttentionMetadata.decode_lens")
+    D = q.shape[0]
+    tables = meta.decode_blocks.view(D, -1)  # (D, Bmax)
+    return paged_decode_attention(q, k_cache, v_cache, tables, meta.decode_lens, scale)

@@ -1,0 +1,82 @@
+"""Weight-only quantized linear layers on the Triton kernels (the GPU path): int8 per channel, int4 per group.
+
+Owns the quantize-on-load of one float weight into the layouts of ``kernels.reference``
+(``quantize_int8``, ``quantize_int4``) and the matmul over them (``kernels.quant_matmul``). Does
+not own the CPU formats (``models.quant``), which layers are quantized (``models.llama``) nor the
+kernels themselves (``kernels/``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from selfhost.config import Quantization
+
+
+@dataclass(frozen=True, slots=True)
+class KernelInt8Weight:
+    """Symmetric per-output-channel int8: ``w[n, k] ~= qweight[n, k] * scales[n]``."""
+
+    qweight: torch.Tensor
+    """(N, K) int8."""
+    scales: torch.Tensor
+    """(N,) bf16."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the weight occupies."""
+        return _nbytes(self.qweight, self.scales)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelInt4Weight:
+    """Asymmetric int4 per group of ``group_size`` input columns: ``w ~= (q - 8) * scale + zero``."""
+
+    packed: torch.Tensor
+    """(N, K/2) uint8: column j in the low nibble of byte j, column j + K/2 in its high nibble."""
+    scales: torch.Tensor
+    """(N, K/G) bf16."""
+    zeros: torch.Tensor
+    """(N, K/G) bf16."""
+    group_size: int
+    """Input columns per group G."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the weight occupies."""
+        return _nbytes(self.packed, self.scales, self.zeros)
+
+
+KernelWeight = KernelInt8Weight | KernelInt4Weight
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def quantize(weight: torch.Tensor, mode: Quantization, group_size: int) -> KernelWeight | None:
+    """Quantize a float ``(N, K)`` weight on its own device; None for ``none`` or a K the int4 layout cannot pack."""
+    from kernels import reference
+
+    if mode == "int8":
+        q, s = reference.quantize_int8(weight)
+        return KernelInt8Weight(q, s)
+    if mode == "int4":
+        if weight.shape[1] % (2 * group_size):
+            return None  # the packed layout pairs column j with j + K/2 inside whole groups
+        packed, scales, zeros = reference.quantize_int4(weight, group_size)
+        return KernelInt4Weight(packed, scales, zeros, group_size)
+    return None
+
+
+def linear(x: torch.Tensor, qw: KernelWeight) -> torch.Tensor:
+    """``(M, K) @ W.T -> (M, N)`` in x's dtype, through the kernel (or its reference off CUDA without the interpreter)."""
+    from kernels.quant_matmul import int4_matmul, int8_matmul
+
+    if isinstance(qw, KernelInt8Weight):
+        return int8_matmul(x, qw.qweight, qw.scales)
+    return int4_matmul(x, qw.packed, qw.scales, qw.zeros, qw.group_size)

@@ -1,0 +1,288 @@
+"""The admission gate: every rate rule and budget scope of a request in one atomic step, or nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from gateway.errors import BudgetExceeded, RateLimited
+from gateway.ledger import Limits
+from gateway.ledger.budget import MemoryCounters, RedisCounters, period_of
+from gateway.ledger.gate import RedisGate, Reservation, Settlement, SplitGate, gate_for
+from gateway.ledger.ratelimit import MemoryCounts, RateLimiter, RedisCounts, Rule, verdict
+from gateway.policy import Plan, Price, Target
+from gateway.types import Usage
+from tests.gateway.ledger.conftest import ACME
+from tests.gateway.ledger.helpers import make_ledger
+
+T0 = 1_800_000_000.0 + 6  # 6 s into a minute
+PERIOD = "2026-11"
+
+
+def _clock() -> float:
+    return T0
+
+
+@pytest.fixture(params=["memory", "redis"])
+def parts(request: pytest.FixtureRequest, redis_prefix):
+    """(counts, budgets, gate): in process, or both in the real Redis under one script each."""
+    client, prefix = redis_prefix
+    if request.param == "memory":
+        counts, budgets = MemoryCounts(), MemoryCounters()
+    else:
+        counts, budgets = RedisCounts(client, f"{prefix}:rl"), RedisCounters(client, f"{prefix}:budget")
+    return counts, budgets, gate_for(counts, budgets)
+
+
+def test_gate_for_uses_one_script_only_when_both_counters_share_a_redis(redis_prefix) -> None:
+    client, prefix = redis_prefix
+    assert isinstance(gate_for(RedisCounts(client, prefix), RedisCounters(client, prefix)), RedisGate)
+    assert isinstance(gate_for(MemoryCounts(), RedisCounters(client, prefix)), SplitGate)
+    assert isinstance(gate_for(MemoryCounts(), MemoryCounters()), SplitGate)
+
+
+async def test_gate_admits_charging_every_rule_and_reserving_every_scope(parts) -> None:
+    counts, budgets, gate = parts
+    limiter = RateLimiter(counts, _clock)
+    ask = limiter.ask([Rule("t:a", "requests", 5), Rule("t:a", "tokens", 1000), Rule("k:1", "requests", 2)], 300)
+    reservation = Reservation((("t:a", 10_000), ("k:1", None)), PERIOD, 700)
+    outcome = await gate.admit(ask, reservation)
+    assert outcome.rates_ok
+    assert outcome.refused is None
+    assert outcome.before == [(0, 0), (0, 0), (0, 0)]
+    assert outcome.states == [(0, 700), (0, 700)]
+    charged = verdict(ask, outcome.rates_ok, outcome.before)
+    assert charged.headers()["x-ratelimit-remaining-requests"] == "1"  # the key's rule is the tightest
+    assert charged.headers()["x-ratelimit-remaining-tokens"] == "700"
+    assert await budgets.state("t:a", PERIOD) == (0, 700)
+    assert await budgets.state("k:1", PERIOD) == (0, 700)
+
+
+async def test_gate_rate_refusal_charges_and_reserves_nothing(parts) -> None:
+    counts, budgets, gate = parts
+    limiter = RateLimiter(counts, _clock)
+    rules = [Rule("t:a", "requests", 10), Rule("k:1", "requests", 1)]
+    assert (await gate.admit(limiter.ask(rules, 0), None)).rates_ok
+    reservation = Reservation((("t:a", 10_000),), PERIOD, 100)
+    refused = await gate.admit(limiter.ask(rules, 0), reservation)
+    assert not refused.rates_ok
+    assert refused.before == [(1, 0), (1, 0)]
+    with pytest.raises(RateLimited):
+        verdict(limiter.ask(rules, 0), refused.rates_ok, refused.before)
+    assert await budgets.state("t:a", PERIOD) == (0, 0)
+    again = await gate.admit(limiter.ask(rules[:1], 0), None)
+    assert again.before == [(1, 0)]  # the refused request was not counted against the tenant
+
+
+async def test_gate_budget_refusal_charges_no_rate_rule(parts) -> None:
+    counts, budgets, gate = parts
+    limiter = RateLimiter(counts, _clock)
+    rules = [Rule("t:a", "requests", 10), Rule("t:a", "tokens", 1000)]
+    tight = Reservation((("t:a", 1_000), ("k:1", 50)), PERIOD, 60)
+    outcome = await gate.admit(limiter.ask(rules, 400), tight)
+    assert outcome.rates_ok
+    assert outcome.refused is not None
+    assert (outcome.refused.scope, outcome.refused.hard) == ("k:1", 50)
+    assert await budgets.state("t:a", PERIOD) == (0, 0)
+    after = await gate.admit(limiter.ask(rules, 400), None)
+    assert after.before == [(0, 0), (0, 0)]
+
+
+async def test_gate_settle_moves_reserved_to_spent_and_corrects_tokens(parts) -> None:
+    counts, budgets, gate = parts
+    limiter = RateLimiter(counts, _clock)
+    rules = [Rule("t:a", "tokens", 1000)]
+    reservation = Reservation((("t:a", 10_000),), PERIOD, 700)
+    ask = limiter.ask(rules, 800)
+    outcome = await gate.admit(ask, reservation)
+    await gate.settle([Settlement(verdict(ask, outcome.rates_ok, outcome.before), 120, reservation, 333)])
+    assert await budgets.state("t:a", PERIOD) == (333, 0)
+    assert (await gate.admit(limiter.ask(rules, 0), None)).before == [(120, 0)]
+
+
+async def test_redis_gate_admits_and_settles_in_one_round_trip_each(redis_prefix) -> None:
+    client, prefix = redis_prefix
+    counts, budgets = RedisCounts(client, f"{prefix}:rl"), RedisCounters(client, f"{prefix}:budget")
+    gate = RedisGate(counts, budgets)
+    limiter = RateLimiter(counts, _clock)
+    rules = [Rule(s, k, 10_000) for s in ("t:a", "k:1") for k in ("requests", "tokens")]  # type: ignore[arg-type]
+    reservation = Reservation((("t:a", 10**9), ("k:1", 10**9)), PERIOD, 500)
+    await gate.admit(limiter.ask(rules, 10), reservation)  # loads the script once
+    sent: list[str] = []
+    execute = client.execute_command
+
+    async def counting(*args, **kwargs):
+        sent.append(str(args[0]))
+        return await execute(*args, **kwargs)
+
+    client.execute_command = counting  # type: ignore[method-assign]
+    try:
+        ask = limiter.ask(rules, 10)
+        outcome = await gate.admit(ask, reservation)
+        assert sent == ["EVALSHA"]
+        await gate.settle([Settlement(verdict(ask, outcome.rates_ok, outcome.before), 4, reservation, 100)])
+        assert sent == ["EVALSHA", "EVALSHA"]
+    finally:
+        del client.execute_command
+    assert await budgets.state("t:a", PERIOD) == (100, 500)  # the first admission is still reserved
+
+
+async def test_ledger_over_redis_races_within_budget_and_rate_limits(sqlite_db, redis_prefix) -> None:
+    """100 concurrent requests against an RPM of 30 and a budget of 50 worst cases, all in one Redis."""
+    client, prefix = redis_prefix
+    ledger = make_ledger(
+        sqlite_db,
+        budgets=RedisCounters(client, f"{prefix}:budget"),
+        counts=RedisCounts(client, f"{prefix}:rl"),
+        rate_clock=_clock,
+    )
+    assert isinstance(ledger.gate, RedisGate)
+    await ledger.start()
+    price = Price(input=1.0, output=2.0)
+    plan = Plan("gpt-test", (Target("openai", "gpt-4o-mini", price=price),))
+    worst = round((100 * 1.0 + 100 * 2.0) * 1000)
+    await ledger.limits.put(Limits("acme", rpm=30, budget_hard_usd=50 * worst / 1e9))
+    outcomes: list[str] = []
+
+    async def one(i: int) -> None:
+        try:
+            admission, _ = await ledger.admit(
+                ACME, plan, request_id=f"r{i}", endpoint="chat.completions", started=time.perf_counter(),
+                streamed=False, input_tokens=lambda: 100, max_output_tokens=100,
+            )  # fmt: skip
+        except RateLimited:
+            outcomes.append("429")
+            return
+        except BudgetExceeded:
+            outcomes.append("402")
+            return
+        outcomes.append("200")
+        ledger.finish(admission, target=plan.targets[0], status=200, usage=Usage(100, 100))
+
+    await asyncio.gather(*(one(i) for i in range(100)))
+    await ledger.aclose()
+    spent, reserved = await ledger.budgets.state("t:acme", period_of(datetime.now(UTC)))
+    assert outcomes.count("200") == 30
+    assert outcomes.count("429") == 70
+    assert (spent, reserved) == (30 * worst, 0)
+
+
+async def test_gate_settles_many_requests_in_one_step(parts, redis_prefix) -> None:
+    counts, budgets, gate = parts
+    limiter = RateLimiter(counts, _clock)
+    settlements = []
+    for scope, tokens, actual in (("t:a", 30, 100), ("t:b", 5, 40), ("t:a", 0, 0)):
+        reservation = Reservation(((scope, 10_000), ("k:9", None)), PERIOD, 500)
+        ask = limiter.ask([Rule(scope, "tokens", 1000)], 200)
+        outcome = await gate.admit(ask, reservation)
+        settlements.append(Settlement(verdict(ask, outcome.rates_ok, outcome.before), tokens, reservation, actual))
+    client, _ = redis_prefix
+    sent: list[str] = []
+    execute = client.execute_command
+
+    async def counting(*args, **kwargs):
+        sent.append(str(args[0]))
+        return await execute(*args, **kwargs)
+
+    client.execute_command = counting  # type: ignore[method-assign]
+    try:
+        await gate.settle(settlements)
+    finally:
+        del client.execute_command
+    assert sent == (["EVALSHA"] if isinstance(gate, RedisGate) else [])
+    assert await budgets.state("t:a", PERIOD) == (100, 0)
+    assert await budgets.state("t:b", PERIOD) == (40, 0)
+    assert await budgets.state("k:9", PERIOD) == (140, 0)  # the key scope of all three
+    assert (await gate.admit(limiter.ask([Rule("t:a", "tokens", 1000)], 0), None)).before == [(30, 0)]
+    assert (await gate.admit(limiter.ask([Rule("t:b", "tokens", 1000)], 0), None)).before == [(5, 0)]
+
+
+def _counting(client):
+    sent: list[str] = []
+    execute = client.execute_command
+
+    async def counting(*args, **kwargs):
+        sent.append(str(args[0]))
+        return await execute(*args, **kwargs)
+
+    client.execute_command = counting  # type: ignore[method-assign]
+    return sent
+
+
+async def _redis_ledger(sqlite_db, redis_prefix):
+    client, prefix = redis_prefix
+    ledger = make_ledger(
+        sqlite_db, budgets=RedisCounters(client, f"{prefix}:budget"), counts=RedisCounts(client, f"{prefix}:rl")
+    )
+    await ledger.start()
+    await ledger.limits.put(Limits("acme", rpm=1000, tpm=100_000, budget_hard_usd=1.0))
+    return ledger
+
+
+PRICED = Plan("gpt-test", (Target("openai", "gpt-4o-mini", price=Price(input=1.0, output=2.0)),))
+
+
+async def _admit(ledger, rid: str):
+    return await ledger.admit(
+        ACME, PRICED, request_id=rid, endpoint="chat.completions", started=time.perf_counter(),
+        streamed=False, input_tokens=lambda: 100, max_output_tokens=100,
+    )  # fmt: skip
+
+
+async def test_next_admission_carries_the_settlement_in_its_one_round_trip(sqlite_db, redis_prefix) -> None:
+    client, _ = redis_prefix
+    ledger = await _redis_ledger(sqlite_db, redis_prefix)
+    period = period_of(datetime.now(UTC))
+    first, _ = await _admit(ledger, "a")
+    ledger.finish(first, target=PRICED.targets[0], status=200, usage=Usage(100, 10))
+    sent = _counting(client)
+    try:
+        await _admit(ledger, "b")  # settles "a" and admits "b" in one script run
+        assert sent == ["EVALSHA"]
+        spent, reserved = await ledger.budgets.state("t:acme", period)
+    finally:
+        del client.execute_command
+    assert spent == round((100 * 1.0 + 10 * 2.0) * 1000)  # "a" is settled at its actual cost
+    assert reserved == round((100 * 1.0 + 100 * 2.0) * 1000)  # only "b" still holds a reservation
+    await ledger.aclose()
+    assert await ledger.budgets.state("t:acme", period) == (spent, reserved)  # "b" never finished
+
+
+async def test_settlement_goes_alone_when_no_admission_comes(sqlite_db, redis_prefix) -> None:
+    ledger = await _redis_ledger(sqlite_db, redis_prefix)
+    period = period_of(datetime.now(UTC))
+    admission, _ = await _admit(ledger, "a")
+    ledger.finish(admission, target=PRICED.targets[0], status=200, usage=Usage(100, 10))
+    await asyncio.sleep(RedisGate.settle_delay_s * 5)
+    assert await ledger.budgets.state("t:acme", period) == (((100 + 20) * 1000), 0)
+    await ledger.aclose()
+
+
+async def test_admission_cancelled_mid_step_gives_back_what_it_charged(sqlite_db, redis_prefix) -> None:
+    ledger = await _redis_ledger(sqlite_db, redis_prefix)
+    period = period_of(datetime.now(UTC))
+    await _admit(ledger, "warm")  # seeds the counters; "warm" keeps its reservation
+    held = await ledger.budgets.state("t:acme", period)
+    started = asyncio.Event()
+    admit = ledger.gate.admit
+
+    async def signalling(*args):
+        started.set()
+        return await admit(*args)
+
+    ledger.gate.admit = signalling
+    task = asyncio.create_task(_admit(ledger, "gone"))
+    await started.wait()  # the step is on its way to Redis
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(RedisGate.settle_delay_s * 5)
+    assert await ledger.budgets.state("t:acme", period) == held  # its reservation was released
+    ledger.gate.admit = admit
+    second, _ = await _admit(ledger, "after")
+    assert second.charged is not None
+    assert second.charged.headers()["x-ratelimit-remaining-requests"] == str(1000 - 3)  # warm, gone, after
+    await ledger.aclose()
