@@ -24,7 +24,7 @@ from gateway.cache.entry import replay
 from gateway.cache.prefix import request_prefix
 from gateway.cache.responses import ResponseCache
 from gateway.cache.store import MemoryStore
-from gateway.errors import GatewayError
+from gateway.errors import BudgetExceeded, GatewayError
 from gateway.policy import Target
 from gateway.router import Workload
 from gateway.types import ChatRequest, TextDelta, ToolCallDelta, Usage, UsageEvent
@@ -185,16 +185,34 @@ class Pipeline:
         usage: Usage | None = None
         status = 499  # the client went away, unless we learn otherwise
         error: str | None = "ClientDisconnected"
+        # A budgeted request's reservation covers ``max_tokens`` of output; an upstream that streams past
+        # them is stopped. Characters are counted as they pass (an add per event); once they could be
+        # half the cap (2 per token), the new text's tokens are counted, and again each time enough
+        # text has followed to pass the limit at the characters per token seen so far. The limit has
+        # some slack over the cap because our count (tiktoken) is not the upstream's tokenizer: an
+        # honest upstream must never be cut.
+        cap = request.max_tokens if admission is not None and admission.reservation is not None else None
+        limit = cap + cap // 4 + 8 if cap is not None else 0
+        check_at = cap * 2 if cap is not None else -1
+        chars = counted = used = 0
         try:
             event: StreamEvent = opened.first
             events = opened.rest
             while True:
                 if isinstance(event, TextDelta):
                     produced.append(event.text)
+                    chars += len(event.text)
                 elif isinstance(event, ToolCallDelta):
                     produced.append(event.arguments)
+                    chars += len(event.arguments)
                 elif isinstance(event, UsageEvent):
                     usage = event.usage
+                if 0 <= check_at < chars:
+                    used += tokens.count_text("".join(produced[counted:]))
+                    counted = len(produced)
+                    if used > limit:
+                        raise _past_reservation(request.max_tokens or 0, admission)
+                    check_at = chars + (limit - used) * max(1, chars // max(used, 1))
                 yield event
                 try:
                     event = await anext(events)
@@ -356,6 +374,15 @@ def _slo_asked(call: Call | None, request: ChatRequest, policy: Policy) -> str |
     if isinstance(tier, str) and any(tier in c.service_tiers for c in policy.slo_classes.values()):
         return tier
     return None
+
+
+def _past_reservation(cap: int, admission: Admission | None) -> BudgetExceeded:
+    scopes = ", ".join(f"`{s}`" for s in admission.budget_scopes) if admission is not None else ""
+    return BudgetExceeded(
+        f"Stream stopped: the output passed the {cap} tokens its budget reservation covers ({scopes}); "
+        "the tokens produced so far are billed.",
+        code="budget_exceeded",
+    )
 
 
 def _bind(principal: Principal, request: ChatRequest | EmbeddingRequest) -> None:

@@ -57,6 +57,7 @@ if triton is not None:
         BLOCK_D: tl.constexpr,  # power of two >= HD
         BLOCK_N: tl.constexpr,  # context tokens per loop step
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32 (the CPU interpreter needs it)
+        PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" keeps fp32 inputs off tf32
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -92,13 +93,13 @@ if triton is not None:
                 if DOT_F32:
                     k = k.to(tl.float32)
                     v = v.to(tl.float32)
-                scores = tl.dot(q, tl.trans(k)) * scale_log2  # (BLOCK_G, BLOCK_N)
+                scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_G, BLOCK_N)
                 scores = tl.where(tmask[None, :], scores, float("-inf"))
                 m_new = tl.maximum(m, tl.max(scores, axis=1))
                 alpha = tl.exp2(m - m_new)
                 p = tl.exp2(scores - m_new[:, None])
                 lsum = lsum * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
                 m = m_new
             tl.store(part_out_ptr + out_off, acc / lsum[:, None], mask=gmask[:, None] & dmask)
             tl.store(part_lse_ptr + lse_off, m + tl.log2(lsum), mask=gmask)
@@ -220,6 +221,7 @@ def paged_decode_attention(
         BLOCK_D=BLOCK_D,
         BLOCK_N=BLOCK_N,
         DOT_F32=dot_in_fp32() or q.dtype == torch.float32,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,
     )
     _decode_reduce_kernel[(B, nh)](

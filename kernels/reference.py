@@ -132,9 +132,25 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scales.contiguous()
 
 
+def dequantize_int8(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The fp32 ``(N, K)`` weight ``qweight * scale``: ``scales (N,)`` per row, or ``(N, K/G)`` per group of G columns.
+
+    Per-group int8 with ``G = 32`` and fp16 scales is GGUF Q8_0 (``kernels.gguf_blocks``).
+    """
+    s = scales.float()
+    if s.dim() == 1:
+        return qweight.float() * s.unsqueeze(1)
+    return qweight.float() * s.repeat_interleave(qweight.shape[1] // s.shape[1], dim=1)
+
+
 def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """``x @ (qweight * scales).T`` for ``(M, K)`` x, accumulated in fp32; returns ``(M, N)`` in x's dtype."""
-    return (x.float() @ qweight.float().t() * scales.float()).to(x.dtype)
+    """``x @ (qweight * scales).T`` for ``(M, K)`` x, accumulated in fp32; returns ``(M, N)`` in x's dtype.
+
+    ``scales`` is ``(N,)`` per row or ``(N, K/G)`` per group (``dequantize_int8``).
+    """
+    if scales.dim() == 1:
+        return (x.float() @ qweight.float().t() * scales.float()).to(x.dtype)
+    return (x.float() @ dequantize_int8(qweight, scales).t()).to(x.dtype)
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -142,7 +158,8 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
 
     The values, scales and zeros are those of ``selfhost.models.quant.quantize_int4``
     (``w ~= (q - 8) * scale + zero``, ``zero = min + 8 * scale``, both bf16); only the packing differs.
-    GGUF Q4_1 blocks map onto it with ``group_size=32``, ``scale = d`` and ``zero = m + 8 d``.
+    GGUF Q4_1 blocks map onto it with ``group_size=32``, ``scale = d`` and ``zero = m + 8 d``, kept in
+    fp16 and fp32 (``kernels.gguf_blocks``: bf16 would round GGUF's fp16 ``d``).
 
     NOTE(h7): byte ``j`` of a row holds column ``j`` in its low nibble and column ``j + K/2`` in its
     high nibble, so a kernel reads both halves of K with one coalesced load and no interleaving.
@@ -181,3 +198,52 @@ def int4_matmul(
 ) -> torch.Tensor:
     """``x @ dequantize_int4(...).T`` for ``(M, K)`` x in fp32; returns ``(M, N)`` in x's dtype."""
     return (x.float() @ dequantize_int4(packed, scales, zeros, group_size).t()).to(x.dtype)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_starts: torch.Tensor,
+    query_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each sequence's new tokens attending causally over its paged context, softmax in fp32.
+
+    Sequence ``b`` has ``query_lens[b]`` new tokens at rows ``query_starts[b]...`` of ``q``, the last
+    of its ``seq_lens[b]`` context tokens; new token ``i`` sits at position
+    ``seq_lens[b] - query_lens[b] + i`` and sees keys ``0`` to that position. The context's keys
+    and values (new tokens' included) are read from the caches through ``block_tables``.
+
+    Args:
+        q: ``(N, nh, hd)``.
+        k_cache: ``(num_blocks, block_size, nkv, hd)``; ``nh`` must be a multiple of ``nkv`` (GQA).
+        v_cache: same shape as ``k_cache``.
+        block_tables: ``(B, max_blocks)`` int block ids; entries past a sequence's length are ignored.
+        query_starts: ``(B,)`` int first row of each sequence's queries.
+        query_lens: ``(B,)`` int new tokens per sequence.
+        seq_lens: ``(B,)`` int context lengths, new tokens included.
+        scale: softmax scale.
+        out: ``(N, nh, hd)`` to write the sequences' rows into (other rows untouched); default zeros.
+
+    Returns:
+        ``out``, in q's dtype.
+    """
+    nh, hd = q.shape[1], q.shape[2]
+    block_size, nkv = k_cache.shape[1], k_cache.shape[2]
+    if out is None:
+        out = torch.zeros_like(q)
+    for b in range(query_starts.shape[0]):
+        start, q_len, n = int(query_starts[b]), int(query_lens[b]), int(seq_lens[b])
+        blocks = block_tables[b, : -(-n // block_size)].long()
+        k = k_cache[blocks].reshape(-1, nkv, hd)[:n].float().repeat_interleave(nh // nkv, dim=1)  # (n, nh, hd)
+        v = v_cache[blocks].reshape(-1, nkv, hd)[:n].float().repeat_interleave(nh // nkv, dim=1)
+        scores = torch.einsum("qhd,nhd->hqn", q[start : start + q_len].float(), k) * scale  # (nh, q_len, n)
+        rows = torch.arange(q_len, device=q.device).unsqueeze(1) + (n - q_len)  # (q_len, 1) positions
+        visible = torch.arange(n, device=q.device).unsqueeze(0) <= rows  # (q_len, n)
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        out[start : start + q_len] = torch.einsum("hqn,nhd->qhd", probs, v).to(q.dtype)
+    return out

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 DType = Literal["float32", "bfloat16", "float16"]
-Quantization = Literal["none", "int8", "int4"]
-QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "int4")
+Quantization = Literal["none", "int8", "int4", "gguf"]
+QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "int4", "gguf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +104,8 @@ class EngineConfig:
     quantization: Quantization = "none"
     """Weight-only quantization of the linear layers and LM head (CPU kernels, or the Triton kernels on
     CUDA): ``int8`` per output channel, ``int4`` per group of ``quant_group_size`` columns; ``none``
-    keeps float weights."""
+    keeps float weights. ``gguf`` loads a GGUF file's Q4_1 and Q8_0 tensors as they are onto the
+    kernels (``models.gguf_native``, no dequantize-requantize; needs the kernels)."""
     quant_group_size: int = 32
     """Input columns sharing one int4 scale and zero (32, 64, 128 or 256)."""
     use_kernels: bool | None = None
@@ -139,6 +140,8 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.quant_group_size not in (32, 64, 128, 256):
             raise ValueError(f"quant_group_size must be 32, 64, 128 or 256, got {self.quant_group_size}")
+        if self.quantization == "gguf" and not self.kernels_enabled:
+            raise ValueError("quantization 'gguf' runs on the Triton kernels: a CUDA device or use_kernels=True")
         if self.quantization != "none" and self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"quantization {self.quantization!r} runs on the CPU or CUDA, not on {self.device!r}")
         if any(b <= 0 for b in self.cuda_graph_batch_sizes):

@@ -91,7 +91,12 @@ class LLMEngine:
         tokenizer = load_tokenizer(path, model_cfg.eos_token_ids, model_cfg.bos_token_id)
         name = str(model) if not Path(str(model)).exists() else path.stem
         net = net.to(cfg.device)
-        net.quantize(cfg.quantization, cfg.quant_group_size, kernels=cfg.kernels_enabled)
+        if cfg.quantization == "gguf":
+            from selfhost.models.gguf_native import load_native
+
+            load_native(net, path)
+        else:
+            net.quantize(cfg.quantization, cfg.quant_group_size, kernels=cfg.kernels_enabled)
         return cls(net, model_cfg, tokenizer, cfg, model_name=name)
 
     # requests in

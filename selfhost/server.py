@@ -286,8 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quantization",
         default="none",
-        choices=["none", "int8", "int4"],
-        help="weight-only quantization of the linear layers (CPU): int8 per channel or int4 per group of 32",
+        choices=["none", "int8", "int4", "gguf"],
+        help="weight-only quantization of the linear layers: int8 per channel or int4 per group of 32; "
+        "gguf: a GGUF file's own Q4_1 / Q8_0 blocks on the Triton kernels (CUDA)",
     )
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)

@@ -4,10 +4,11 @@
 (shared by replicas), in-process ones otherwise (the embedded default).
 
 Cost on the request path: a tenant without limits touches no counter (its limits are a cached
-lookup). With limits, admission is one atomic step (``gate``: one Redis ``EVALSHA`` charging every
-rate rule and reserving the budget in every scope, or doing neither), which also carries the
-settlements of requests that ended since the previous one. A record is handed to the writer (a
-deque append) and never waited on.
+lookup). With limits, admission is one atomic step over every rate rule and budget scope (``gate``).
+With Redis, each replica holds slices of the shared counters (``lease``) and admits from them
+without a round trip, refilling them in the background; a request they do not cover takes what it
+needs in one ``EVALSHA`` on its path. A record is handed to the writer (a deque append) and never
+waited on.
 
 Crash bound: after a crash (the process killed, no shutdown) at most the records of requests that
 ended in the last second can be missing. The writer (``gateway.ledger.writer``) commits what is

@@ -7,7 +7,8 @@ requests at once. With Redis both are one script, registered once and run with `
 admission is one round trip whatever the number of rules and scopes, and it carries the settlements
 that ended since the previous one (so under load a request costs one round trip in all; when no
 admission comes, settlements go on their own after ``settle_delay_s``). In process, both steps run
-without awaiting and so are atomic on the event loop. Does not own the counters' layout (``gateway.ledger.ratelimit``,
+without awaiting and so are atomic on the event loop. ``gateway.ledger.lease`` builds the Redis
+gate that admits from per-replica slices (the default with Redis). Does not own the counters' layout (``gateway.ledger.ratelimit``,
 ``gateway.ledger.budget``), what the limits are (``gateway.ledger.limits``) or turning a refusal
 into an error (``gateway.ledger.ledger``).
 """
@@ -66,6 +67,12 @@ class Gate(Protocol):
     settle_delay_s: float
     """How long a settlement may wait to travel with the next admission (0: settle at once)."""
 
+    def admit_now(
+        self, ask: Ask | None, reservation: Reservation | None, settlements: Sequence[Settlement] = ()
+    ) -> tuple[Outcome | None, Sequence[Settlement]]:
+        """``admit`` when it can be decided without I/O (``None`` otherwise), and the settlements left to apply."""
+        ...
+
     async def admit(
         self, ask: Ask | None, reservation: Reservation | None, settlements: Sequence[Settlement] = ()
     ) -> Outcome:
@@ -80,8 +87,25 @@ class Gate(Protocol):
         """For each: correct the token charge, release the reservation and add the actual cost to spent."""
         ...
 
+    async def aclose(self) -> None:
+        """Give back what this process holds and send what waits (graceful shutdown)."""
+        ...
 
-class SplitGate:
+
+class _Remote:
+    """What the gates that decide every admission in their counters share: nothing is decided here."""
+
+    def admit_now(
+        self, ask: Ask | None, reservation: Reservation | None, settlements: Sequence[Settlement] = ()
+    ) -> tuple[Outcome | None, Sequence[Settlement]]:
+        """Never decided here: the counters decide (``admit``)."""
+        return None, settlements
+
+    async def aclose(self) -> None:
+        """Nothing is held here."""
+
+
+class SplitGate(_Remote):
     """The steps over any ``Counts`` and ``BudgetCounters``, one after the other.
 
     Atomic when both are in-process (the embedded default: nothing here awaits I/O). Over Redis,
@@ -204,7 +228,7 @@ return out
 """
 
 
-class RedisGate:
+class RedisGate(_Remote):
     """Both steps in one Lua script, over the keys ``RedisCounts`` and ``RedisCounters`` use.
 
     An admission carries the settlements that waited for it, so that under load a request costs one
@@ -267,9 +291,18 @@ class RedisGate:
         return keys, [len(keys), len(args), *args]
 
 
-def gate_for(counts: Counts, budgets: BudgetCounters) -> Gate:
-    """One script per step when both live in the same Redis; the steps one after the other otherwise."""
+def gate_for(counts: Counts, budgets: BudgetCounters, *, leases: bool = True) -> Gate:
+    """The gate over these counters.
+
+    When both live in the same Redis: per-replica leases (``gateway.ledger.lease``: admission
+    without a round trip while this replica's slices cover it), or with ``leases=False`` one script
+    per step. Otherwise the steps one after the other.
+    """
     if isinstance(counts, RedisCounts) and isinstance(budgets, RedisCounters) and counts.redis is budgets.redis:
+        if leases:
+            from gateway.ledger.lease import LeasedGate  # here: lease imports this module
+
+            return LeasedGate(counts, budgets)
         return RedisGate(counts, budgets)
     return SplitGate(counts, budgets)
 

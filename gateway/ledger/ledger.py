@@ -98,6 +98,8 @@ class Ledger:
         default_max_output_tokens: The output a budgeted request without ``max_tokens`` is reserved
             for, and capped at (so its spend cannot pass its reservation).
         now: Wall clock (UTC), injectable for tests.
+        leases: With Redis counters, admit against per-replica slices (``gateway.ledger.lease``),
+            else one script run per admission.
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class Ledger:
         *,
         default_max_output_tokens: int = 4096,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        leases: bool = True,
     ) -> None:
         self.db = db
         self.writer = writer
@@ -118,8 +121,8 @@ class Ledger:
         self.limits = limits
         self.budgets = budgets
         self.rates = rates
-        self.gate = gate_for(rates.counts, budgets)
-        """Admission and settlement, each one atomic step (one Redis round trip when the counters are there)."""
+        self.gate = gate_for(rates.counts, budgets, leases=leases)
+        """Admission and settlement, each one atomic step (with Redis: local while this replica's slices cover it)."""
         self.default_max_output_tokens = default_max_output_tokens
         self._now = now
         self._seeded: set[tuple[str, str]] = set()
@@ -140,6 +143,7 @@ class Ledger:
             await self._settler
         if self._unsettled:  # what ended after the settler's last look
             await self._settle()
+        await self.gate.aclose()
         await self.writer.aclose()
 
     async def admit(
@@ -226,7 +230,10 @@ class Ledger:
         The step runs to its end even when the caller goes away meanwhile (its settlements belong to
         other requests); what it then charged for the vanished caller is given back.
         """
-        settlements, self._unsettled = self._unsettled, []
+        waiting, self._unsettled = self._unsettled, []
+        decided, settlements = self.gate.admit_now(ask, reservation, waiting)
+        if decided is not None:  # no I/O: nothing to shield
+            return decided
         step = asyncio.ensure_future(self.gate.admit(ask, reservation, settlements))
         try:
             return await asyncio.shield(step)
@@ -408,7 +415,7 @@ class Ledger:
 def _exceeded(refused: Refused, reservation: Reservation) -> BudgetExceeded:
     return BudgetExceeded(
         f"Budget exhausted for `{refused.scope}` in {reservation.period}: ${refused.spent / NANOS_PER_USD:.4f} spent, "
-        f"${refused.reserved / NANOS_PER_USD:.4f} reserved by requests in flight, "
+        f"${refused.reserved / NANOS_PER_USD:.4f} reserved by requests in flight (and replicas' slices), "
         f"hard limit ${refused.hard / NANOS_PER_USD:.4f}; "
         f"this request may cost up to ${reservation.amount / NANOS_PER_USD:.6f}.",
         code="budget_exceeded",

@@ -2,9 +2,11 @@
 
 Owns the kernel-backed pass of ``LlamaForCausalLM``: the residual add fused into each RMSNorm,
 rotary embedding fused with the KV-cache write, paged split-KV decode attention for one-token
-rows, SiLU-and-mul, and the quantized matmuls (through ``Linear``). Multi-token rows (prefill and
-chunked prefill) keep ``ops.prefill_attention`` (SDPA over the gathered context): there is no
-Triton prefill kernel yet. Runs on CUDA, or on the CPU under ``TRITON_INTERPRET=1`` (tests). Does
+rows, paged prefill attention for multi-token rows (prefill and chunked prefill over cached
+prefix blocks; in a mixed batch each kind of row goes to its own kernel), SiLU-and-mul, and the
+quantized matmuls (through ``Linear``). Where the prefill kernel cannot launch (a head dim that is
+not a power of two), multi-token rows fall back to ``ops.prefill_attention`` (SDPA over the
+gathered context). Runs on CUDA, or on the CPU under ``TRITON_INTERPRET=1`` (tests). Does
 not own the weights or their names (``llama``), the plain-torch path (``ops``) nor CUDA graphs
 (``selfhost.graphs``).
 
@@ -23,6 +25,7 @@ import torch.nn.functional as F  # noqa: N812 (the torch convention)
 
 from kernels.activation import silu_and_mul
 from kernels.paged_attention import paged_decode_attention
+from kernels.paged_prefill import paged_prefill_attention, prefill_kernel_fits
 from kernels.rmsnorm import rms_norm_residual
 from kernels.rope_kv import rope_write_kv
 from selfhost.models import ops
@@ -83,10 +86,37 @@ def _attention(
         o = torch.empty((N, attn.nh, attn.hd), dtype=x.dtype, device=x.device)
         if meta.decode_rows.numel():
             o[meta.decode_rows] = _decode(q[meta.decode_rows], k_cache, v_cache, meta, attn.scale)
-        nkv, hd = k_cache.shape[2], k_cache.shape[3]
-        ops.prefill_attention(q, k_cache.view(-1, nkv, hd), v_cache.view(-1, nkv, hd), meta.prefills, o, attn.scale)
+        _prefill(q, k_cache, v_cache, meta, o, attn.scale)
     out: torch.Tensor = attn.o(o.reshape(N, attn.q_size))  # (N, C)
     return out
+
+
+def _prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: ops.AttentionMetadata,
+    o: torch.Tensor,
+    scale: float,
+) -> None:
+    """Write the multi-token rows of ``o``: on the paged prefill kernel, else SDPA over the gathered context."""
+    pb = meta.prefill_batch
+    if pb is not None and prefill_kernel_fits(q, k_cache):
+        paged_prefill_attention(
+            q,
+            k_cache,
+            v_cache,
+            pb.block_tables,
+            pb.query_starts,
+            pb.query_lens,
+            pb.seq_lens,
+            pb.max_query_len,
+            scale,
+            out=o,
+        )
+        return
+    nkv, hd = k_cache.shape[2], k_cache.shape[3]
+    ops.prefill_attention(q, k_cache.view(-1, nkv, hd), v_cache.view(-1, nkv, hd), meta.prefills, o, scale)
 
 
 def _decode(

@@ -1,7 +1,8 @@
 """Weight-only quantized linear layers on the Triton kernels (the GPU path): int8 per channel, int4 per group.
 
 Owns the quantize-on-load of one float weight into the layouts of ``kernels.reference``
-(``quantize_int8``, ``quantize_int4``) and the matmul over them (``kernels.quant_matmul``). Does
+(``quantize_int8``, ``quantize_int4``) and the matmul over them (``kernels.quant_matmul``); GGUF
+blocks loaded as they are (``models.gguf_native``) use the same weight classes. Does
 not own the CPU formats (``models.quant``), which layers are quantized (``models.llama``) nor the
 kernels themselves (``kernels/``).
 """
@@ -19,12 +20,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class KernelInt8Weight:
-    """Symmetric per-output-channel int8: ``w[n, k] ~= qweight[n, k] * scales[n]``."""
+    """Symmetric int8: ``w[n, k] ~= qweight[n, k] * scales[n]``, or ``scales[n, k // group_size]`` per group."""
 
     qweight: torch.Tensor
     """(N, K) int8."""
     scales: torch.Tensor
-    """(N,) bf16."""
+    """(N,) bf16 per output channel, or (N, K/G) per group (fp16 from GGUF Q8_0 blocks)."""
+    group_size: int = 0
+    """Input columns per scale; 0: one scale per row."""
 
     @property
     def nbytes(self) -> int:
@@ -78,5 +81,5 @@ def linear(x: torch.Tensor, qw: KernelWeight) -> torch.Tensor:
     from kernels.quant_matmul import int4_matmul, int8_matmul
 
     if isinstance(qw, KernelInt8Weight):
-        return int8_matmul(x, qw.qweight, qw.scales)
+        return int8_matmul(x, qw.qweight, qw.scales, group_size=qw.group_size)
     return int4_matmul(x, qw.packed, qw.scales, qw.zeros, qw.group_size)

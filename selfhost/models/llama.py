@@ -176,6 +176,8 @@ class LlamaForCausalLM(nn.Module):
             return
         if self.quantization != "none":
             raise ValueError(f"the model is already quantized as {self.quantization}")
+        if mode == "gguf":
+            raise ValueError("'gguf' weights come from the file's own blocks: models.gguf_native.load_native")
         for linear in self.linears():
             linear.quantize(mode, group_size, kernels)
         self.quantization = mode

@@ -27,6 +27,22 @@ class PrefillSeq:
 
 
 @dataclass(slots=True)
+class PrefillBatch:
+    """The multi-token sequences of a step as the paged prefill kernel reads them (int32, one upload)."""
+
+    query_starts: torch.Tensor
+    """(P,): first row of each sequence's new tokens in the flattened batch."""
+    query_lens: torch.Tensor
+    """(P,): new tokens per sequence."""
+    seq_lens: torch.Tensor
+    """(P,): context length per sequence, new tokens included."""
+    block_tables: torch.Tensor
+    """(P, Bmax): each sequence's block ids, padded with block 0 to the longest."""
+    max_query_len: int
+    """The largest of ``query_lens`` (sizes the kernel's grid without a device sync)."""
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     """Where each sequence's tokens sit in the flattened batch and in the paged KV cache.
 
@@ -48,6 +64,8 @@ class AttentionMetadata:
     """Every row is a decode row in order (``decode_rows == arange(N)``): no gather or scatter of rows needed."""
     decode_lens: torch.Tensor | None = None
     """(D,) int64: each decode sequence's context length (the kernel path reads it instead of ``decode_mask``)."""
+    prefill_batch: PrefillBatch | None = None
+    """``prefills`` again, for the kernel path's paged prefill attention; None when there are none."""
 
 
 def build_attention_metadata(
@@ -61,6 +79,7 @@ def build_attention_metadata(
     decode_tables: list[list[int]] = []
     decode_lens: list[int] = []
     prefills: list[PrefillSeq] = []
+    prefill_rows: list[tuple[int, int, int, list[int]]] = []  # (first row, new tokens, context, blocks)
     for i, ctx_len in enumerate(seq_lens):
         table = block_tables[i]
         start, end = query_start[i], query_start[i + 1]
@@ -79,6 +98,7 @@ def build_attention_metadata(
             rows = torch.arange(q_len, device=device).unsqueeze(1) + (ctx_len - q_len)  # (q_len, 1)
             mask = torch.arange(ctx_len, device=device).unsqueeze(0) <= rows  # (q_len, L)
         prefills.append(PrefillSeq(slice(start, end), slots, mask))
+        prefill_rows.append((start, q_len, ctx_len, table[: -(-ctx_len // block_size)]))
     bmax = max((len(t) for t in decode_tables), default=0)
     padded = [b for t in decode_tables for b in t + [0] * (bmax - len(t))]
     lens = torch.tensor(decode_lens, dtype=torch.long, device=device)
@@ -94,6 +114,23 @@ def build_attention_metadata(
         prefills=prefills,
         all_decode=not prefills,
         decode_lens=lens,
+        prefill_batch=_prefill_batch(prefill_rows, device) if prefill_rows else None,
+    )
+
+
+def _prefill_batch(rows: list[tuple[int, int, int, list[int]]], device: torch.device) -> PrefillBatch:
+    """Pack the multi-token sequences' starts, lengths and padded block tables into one int32 upload."""
+    P = len(rows)
+    bmax = max(len(r[3]) for r in rows)
+    flat = [r[0] for r in rows] + [r[1] for r in rows] + [r[2] for r in rows]
+    flat += [b for r in rows for b in r[3] + [0] * (bmax - len(r[3]))]
+    packed = torch.tensor(flat, dtype=torch.int32, device=device)  # (3P + P * bmax,)
+    return PrefillBatch(
+        query_starts=packed[:P],
+        query_lens=packed[P : 2 * P],
+        seq_lens=packed[2 * P : 3 * P],
+        block_tables=packed[3 * P :].view(P, bmax),
+        max_query_len=max(r[1] for r in rows),
     )
 
 
@@ -203,7 +240,7 @@ def prefill_attention(
     ``k_flat`` and ``v_flat`` are the caches viewed as ``(num_blocks * block_size, nkv, hd)``.
     """
     # NOTE(crossway): multi-token sequences (prefill chunks) get one SDPA call each over their
-    # gathered context (the kernel path uses it too: no Triton prefill kernel yet).
+    # gathered context (the kernel path too, where ``kernels.paged_prefill`` cannot launch).
     for seq in prefills:
         k = k_flat.index_select(0, seq.context_slots).transpose(0, 1)  # (nkv, L, hd)
         v = v_flat.index_select(0, seq.context_slots).transpose(0, 1)

@@ -17,6 +17,8 @@ Model names (a ``provider/`` prefix is ignored):
 * ``stream-error``: one text delta, then the vendor's in-stream error event (503 when not streamed)
 * ``bad-json``: a body (or one SSE event) that is not JSON
 * ``long-stream`` / ``long-stream-<n>``: 100 (or n) small deltas ``" tok0"``, ``" tok1"``...
+* a name ending in ``-ignore-max-tokens``: the rest of the name decides the answer, and
+  ``max_tokens`` is ignored (an upstream that streams past it)
 * a name containing ``cached``: half the prompt tokens are reported cache hits (and, where the
   vendor has them, a quarter cache writes); containing ``think``: 7 reasoning tokens (Gemini)
 
@@ -42,6 +44,7 @@ _LONG = re.compile(r"long-stream(?:-(\d+))?")
 _WORDS = re.compile(r"\s*\S+")
 _IDS = itertools.count(1)
 CUT_PIECES = ("partial", " answer", " that", " never", " ends")
+IGNORE_MAX_TOKENS = "-ignore-max-tokens"
 CREATED = 1_763_000_000
 """The fixed ``created`` timestamp of every fake answer."""
 
@@ -104,6 +107,8 @@ def error_status(model: str) -> int | None:
 def plan(model: str, prompt: Prompt) -> Answer:
     """Decide the answer to ``prompt`` for ``model`` (see the module docstring)."""
     name = _bare(model)
+    ignores_max = name.endswith(IGNORE_MAX_TOKENS)
+    name = name.removesuffix(IGNORE_MAX_TOKENS)
     echo = f"echo: {prompt.last_text}" if prompt.last_text else "echo:"
     mode: Mode = "normal"
     long = _LONG.fullmatch(name)
@@ -127,7 +132,7 @@ def plan(model: str, prompt: Prompt) -> Answer:
         arguments = msgspec.json.encode(args).decode()
         tool = ToolAnswer(f"{next_id()}", prompt.forced_tool or prompt.tools[0], arguments, split_in(arguments, 3))
         pieces, finish = (), "tool"
-    elif prompt.max_tokens is not None and len(pieces) > prompt.max_tokens:
+    elif prompt.max_tokens is not None and len(pieces) > prompt.max_tokens and not ignores_max:
         pieces, finish = pieces[: prompt.max_tokens], "length"
 
     input_tokens = 4 * prompt.messages + (prompt.prompt_chars + 3) // 4 + 8 * len(prompt.tools)

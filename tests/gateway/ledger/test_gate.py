@@ -12,6 +12,7 @@ from gateway.errors import BudgetExceeded, RateLimited
 from gateway.ledger import Limits
 from gateway.ledger.budget import MemoryCounters, RedisCounters, period_of
 from gateway.ledger.gate import RedisGate, Reservation, Settlement, SplitGate, gate_for
+from gateway.ledger.lease import LeasedGate
 from gateway.ledger.ratelimit import MemoryCounts, RateLimiter, RedisCounts, Rule, verdict
 from gateway.policy import Plan, Price, Target
 from gateway.types import Usage
@@ -34,12 +35,13 @@ def parts(request: pytest.FixtureRequest, redis_prefix):
         counts, budgets = MemoryCounts(), MemoryCounters()
     else:
         counts, budgets = RedisCounts(client, f"{prefix}:rl"), RedisCounters(client, f"{prefix}:budget")
-    return counts, budgets, gate_for(counts, budgets)
+    return counts, budgets, gate_for(counts, budgets, leases=False)
 
 
-def test_gate_for_uses_one_script_only_when_both_counters_share_a_redis(redis_prefix) -> None:
+def test_gate_for_uses_leases_or_one_script_only_when_both_counters_share_a_redis(redis_prefix) -> None:
     client, prefix = redis_prefix
-    assert isinstance(gate_for(RedisCounts(client, prefix), RedisCounters(client, prefix)), RedisGate)
+    assert isinstance(gate_for(RedisCounts(client, prefix), RedisCounters(client, prefix)), LeasedGate)
+    assert isinstance(gate_for(RedisCounts(client, prefix), RedisCounters(client, prefix), leases=False), RedisGate)
     assert isinstance(gate_for(MemoryCounts(), RedisCounters(client, prefix)), SplitGate)
     assert isinstance(gate_for(MemoryCounts(), MemoryCounters()), SplitGate)
 
@@ -130,7 +132,8 @@ async def test_redis_gate_admits_and_settles_in_one_round_trip_each(redis_prefix
     assert await budgets.state("t:a", PERIOD) == (100, 500)  # the first admission is still reserved
 
 
-async def test_ledger_over_redis_races_within_budget_and_rate_limits(sqlite_db, redis_prefix) -> None:
+@pytest.mark.parametrize("leases", [True, False])
+async def test_ledger_over_redis_races_within_budget_and_rate_limits(sqlite_db, redis_prefix, leases) -> None:
     """100 concurrent requests against an RPM of 30 and a budget of 50 worst cases, all in one Redis."""
     client, prefix = redis_prefix
     ledger = make_ledger(
@@ -138,8 +141,9 @@ async def test_ledger_over_redis_races_within_budget_and_rate_limits(sqlite_db, 
         budgets=RedisCounters(client, f"{prefix}:budget"),
         counts=RedisCounts(client, f"{prefix}:rl"),
         rate_clock=_clock,
+        leases=leases,
     )
-    assert isinstance(ledger.gate, RedisGate)
+    assert isinstance(ledger.gate, LeasedGate if leases else RedisGate)
     await ledger.start()
     price = Price(input=1.0, output=2.0)
     plan = Plan("gpt-test", (Target("openai", "gpt-4o-mini", price=price),))
@@ -215,7 +219,10 @@ def _counting(client):
 async def _redis_ledger(sqlite_db, redis_prefix):
     client, prefix = redis_prefix
     ledger = make_ledger(
-        sqlite_db, budgets=RedisCounters(client, f"{prefix}:budget"), counts=RedisCounts(client, f"{prefix}:rl")
+        sqlite_db,
+        budgets=RedisCounters(client, f"{prefix}:budget"),
+        counts=RedisCounts(client, f"{prefix}:rl"),
+        leases=False,  # these tests are about the one-script gate's round trips
     )
     await ledger.start()
     await ledger.limits.put(Limits("acme", rpm=1000, tpm=100_000, budget_hard_usd=1.0))

@@ -1,0 +1,194 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
+"""How the weight-only matmuls are launched: per-shape configs, the split-K reduction, the grid.
+
+Owns ``Config`` and the config table (``set_config``), the default config per shape, the Triton
+helpers both matmul kernels share (loading x with SiLU-and-mul fused, storing a tile with split-K
+finished in the same launch), the split-K arrival counters and ``launch``. Does not own the
+kernels' inner loops nor the weight formats (``kernels.quant_matmul``, ``kernels.reference``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from kernels._common import dot_in_fp32, num_sms, tl, triton
+
+GEMV_MAX_ROWS = 4
+"""Rows of ``x`` up to which the GEMV path is the default."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """How one matmul is launched."""
+
+    path: Literal["gemv", "tiled"]
+    """GEMV (elementwise FMAs) or tiled (``tl.dot``)."""
+    block_n: int
+    """Output columns per program."""
+    block_k: int
+    """K per loop step (for int4: packed bytes per half, i.e. columns of each half of K)."""
+    split_k: int
+    """Programs that share one output tile's K range."""
+    num_warps: int = 4
+    """Warps per program."""
+    block_m: int = 16
+    """Rows per program on the tiled path."""
+
+
+_CONFIGS: dict[tuple[str, int, int, int], Config] = {}
+
+
+Kind = Literal["int8", "int8g", "int4"]
+"""Weight format of a matmul: int8 per channel, int8 per group (GGUF Q8_0), int4 per group."""
+
+
+def set_config(kind: Kind, rows: int, n: int, k: int, config: Config | None) -> None:
+    """Pin (or with None, forget) the launch config of one ``(kind, rows of x, N, K)`` matmul (benchmarks tune these)."""
+    key = (kind, rows, n, k)
+    if config is None:
+        _CONFIGS.pop(key, None)
+    else:
+        _CONFIGS[key] = config
+
+
+def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int, device: torch.device) -> Config:
+    """The pinned config of ``(kind, m, n, k)``, else the default one.
+
+    ``k_iter_cols`` is the K extent the kernel loops over (packed bytes per half for int4); ``group``
+    the columns per scale (0: one scale per row). A GEMV step covers whole groups, a tiled step lies
+    inside one group.
+    """
+    pinned = _CONFIGS.get((kind, m, n, k))
+    if pinned is not None:
+        return pinned
+    interp = device.type == "cpu"
+    if m <= GEMV_MAX_ROWS:
+        bn, bk = (16, 32) if interp else (32, 128 if kind == "int4" else 256)
+        bk = max(bk, group)
+        path: Literal["gemv", "tiled"] = "gemv"
+        tiles = m * -(-n // bn)
+    else:
+        bn, bk = (16, 16) if interp else (64, 64)
+        bk = min(bk, group) if group else bk
+        path = "tiled"
+        tiles = -(-m // 16) * -(-n // bn)
+    # NOTE(h7): split K until the grid holds ~4 waves of programs, but keep >= 4 loop steps each:
+    # one wave of long programs leaves the memory system idle at the tail.
+    split, sms = 1, num_sms(device)
+    while tiles * split < 4 * sms and k_iter_cols // (bk * split * 2) >= 4:
+        split *= 2
+    return Config(path, bn, bk, split, num_warps=4)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _load_x(ptrs, mask, GATE_OFF, GATED: tl.constexpr):
+        """``x`` at ``ptrs``; with GATED, ``silu(x[ptrs]) * x[ptrs + GATE_OFF]`` rounded to x's dtype (``silu_and_mul``)."""
+        x = tl.load(ptrs, mask=mask, other=0.0)
+        if GATED:
+            g = x.to(tl.float32)
+            u = tl.load(ptrs + GATE_OFF, mask=mask, other=0.0).to(tl.float32)
+            x = (g / (1.0 + tl.exp(-g)) * u).to(x.dtype)
+        return x
+
+    @triton.jit
+    def _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, sp_s, cnt_ptr, N, NSPLIT):
+        """Write a finished ``(rows, cols)`` fp32 tile, reducing split-K in the same launch.
+
+        Without split-K the tile goes straight to ``out``. With it, each program stores an fp32 partial;
+        the last of the tile's NSPLIT programs to arrive (an atomic counter per tile) sums the partials
+        in split order, so the result does not depend on arrival order, writes ``out`` and resets the
+        counter for the next launch (CUDA graph replays reuse it).
+        """
+        omask = mmask[:, None] & nmask[None, :]
+        o_off = rm[:, None] * so_m + rn[None, :]
+        if NSPLIT == 1:
+            tl.store(out_ptr + o_off, acc.to(out_ptr.dtype.element_ty), mask=omask)
+        else:
+            p_off = rm[:, None] * N + rn[None, :]
+            tl.store(part_ptr + tl.program_id(2) * sp_s + p_off, acc, mask=omask)
+            # NOTE(h7): every thread's partial store must precede the release of the counter increment
+            tl.debug_barrier()
+            tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            if arrived == NSPLIT - 1:
+                tot = tl.zeros_like(acc)
+                for s in range(NSPLIT):
+                    # .cg: other multiprocessors wrote these; skip this one's L1
+                    tot += tl.load(part_ptr + s * sp_s + p_off, mask=omask, other=0.0, cache_modifier=".cg")
+                tl.store(out_ptr + o_off, tot.to(out_ptr.dtype.element_ty), mask=omask)
+                tl.atomic_xchg(cnt_ptr + tile, 0)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_ALL_COUNTERS: list[torch.Tensor] = []
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Split-K arrival counters for ``tiles`` output tiles: zero between launches, shared by all launches.
+
+    NOTE(h7): every launch leaves its counters at zero, so launches in one stream can share them; two
+    streams running split-K matmuls at the same time could not. A buffer is never freed once made: a
+    captured CUDA graph keeps its address.
+    """
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < tiles:
+        buf = torch.zeros(max(tiles, 1 << 14), dtype=torch.int32, device=device)
+        _ALL_COUNTERS.append(buf)
+        _COUNTERS[device] = buf
+    return buf
+
+
+def launch(
+    kernel: object,
+    x: torch.Tensor,
+    n: int,
+    k_cols: int,
+    cfg: Config,
+    tensors: tuple[torch.Tensor, ...],
+    strides: tuple[int, ...],
+    gated: bool,
+    **constexprs: int,
+) -> torch.Tensor:
+    """Run ``kernel`` over the grid ``cfg`` asks for; split-K partials are reduced inside the launch.
+
+    ``k_cols`` is the K extent the kernel iterates (packed bytes per half for int4).
+    """
+    m = x.shape[0]
+    per_split = -(-k_cols // cfg.split_k)
+    k_split = -(-per_split // cfg.block_k) * cfg.block_k  # a multiple of the loop step
+    split = -(-k_cols // k_split)
+    gemv = cfg.path == "gemv"
+    grid = (m if gemv else -(-m // cfg.block_m), -(-n // cfg.block_n), split)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    part, counters = out, out  # placeholders without split-K: never read
+    if split > 1:
+        part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+        counters = _counters(x.device, grid[0] * grid[1])
+    kernel[grid](  # type: ignore[index]
+        x,
+        *tensors,
+        out,
+        part,
+        counters,
+        m,
+        n,
+        k_cols,
+        k_split,
+        split,
+        *strides,
+        out.stride(0),
+        **constexprs,
+        GEMV=gemv,
+        GATED=gated,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        DOT_F32=dot_in_fp32() or x.dtype == torch.float32,
+        num_warps=cfg.num_warps,
+    )
+    return out

@@ -1,0 +1,328 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
+"""Paged attention for prefill and chunked prefill: multi-token query chunks over their paged context.
+
+The batch is flattened: sequence ``b`` runs ``query_lens[b]`` new tokens at rows
+``query_starts[b]...`` of ``q``, the last of its ``seq_lens[b]`` context tokens; the first
+``seq_lens[b] - query_lens[b]`` are its cached prefix (earlier chunks or a prefix-cache hit). Each
+new token attends causally to the prefix and to the new tokens up to itself.
+
+NOTE(h7): every key and value, the new tokens' included, is read from the paged cache through the
+block table, instead of passing the chunk's K/V separately as vLLM's prefix-prefill and SGLang's
+extend kernels do. ``rope_write_kv`` has already written the rotated keys there and hands no
+rotated copy back, so the cache is the only place they exist; one addressing path also means one
+loop for prefix and chunk, split only where the causal mask starts to bite.
+
+Work split (vLLM's unified-attention layout): a program owns one KV head and a tile of
+``BLOCK_M`` rows, where row ``r`` is query token ``r // G`` of the tile and query head ``r % G`` of
+the group, so each K/V tile is loaded once for all ``G`` heads that share it and a GQA ratio of 3
+wastes at most ``BLOCK_M mod 3`` rows instead of padding heads to a power of two. Keys below the
+tile's first position are visible to every row and run without a mask; the diagonal tiles after
+them carry the causal mask. Softmax is online (base 2, running max and sum in fp32), accumulation
+is fp32, the output is rounded once to ``q``'s dtype.
+
+Owns the Triton kernel and its launcher; semantics are ``kernels.reference.paged_prefill_attention``,
+which the launcher falls back to where no kernel can run. Does not own one-token decode rows
+(``kernels.paged_attention``), the cache write (``kernels.rope_kv``) nor block tables.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels import reference
+from kernels._common import (
+    can_launch,
+    check,
+    check_dtype,
+    check_last_contiguous,
+    dot_in_fp32,
+    next_pow2,
+    tl,
+    triton,
+)
+
+if triton is not None:
+
+    @triton.jit
+    def _prefill_tile(
+        acc,  # (BLOCK_M, HD) fp32 running numerator
+        m,  # (BLOCK_M,) fp32 running max (log2 domain)
+        lsum,  # (BLOCK_M,) fp32 running denominator
+        q,  # (BLOCK_M, HD) query tile
+        pos,  # (BLOCK_M,) each row's position in its sequence
+        kc_ptr,  # key cache base
+        vc_ptr,  # value cache base
+        table_row_ptr,  # this sequence's block-table row
+        kvh,  # KV head of the program
+        sc_blk,  # cache strides: block, token-in-block, head
+        sc_tok,
+        sc_h,
+        lo,  # first key of the range (a multiple of BLOCK_N)
+        hi,  # one past the last key of the range
+        scale_log2,  # softmax scale * log2(e)
+        HD: tl.constexpr,
+        BS: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        CAUSAL: tl.constexpr,  # mask keys past each row's position (and past hi)
+        DOT_F32: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
+        d = tl.arange(0, HD)
+        for t0 in range(lo, hi, BLOCK_N):
+            t = t0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
+            if CAUSAL:
+                tmask = t < hi
+                blk = tl.load(table_row_ptr + t // BS, mask=tmask, other=0).to(tl.int64)
+            else:
+                blk = tl.load(table_row_ptr + t // BS).to(tl.int64)
+            tok_off = blk * sc_blk + (t % BS) * sc_tok + kvh * sc_h  # (BLOCK_N,)
+            if CAUSAL:
+                kt = tl.load(kc_ptr + tok_off[None, :] + d[:, None], mask=tmask[None, :], other=0.0)  # (HD, BLOCK_N)
+                v = tl.load(vc_ptr + tok_off[:, None] + d[None, :], mask=tmask[:, None], other=0.0)  # (BLOCK_N, HD)
+            else:
+                kt = tl.load(kc_ptr + tok_off[None, :] + d[:, None])
+                v = tl.load(vc_ptr + tok_off[:, None] + d[None, :])
+            if DOT_F32:
+                kt = kt.to(tl.float32)
+                v = v.to(tl.float32)
+            s = tl.dot(q, kt, input_precision=PRECISION) * scale_log2  # (BLOCK_M, BLOCK_N)
+            if CAUSAL:
+                s = tl.where(t[None, :] <= pos[:, None], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            lsum = lsum * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m = m_new
+        return acc, m, lsum
+
+    @triton.jit
+    def _prefill_kernel(
+        q_ptr,  # (N, NH, HD) queries of all new tokens
+        kc_ptr,  # (num_blocks, BS, NKV, HD) key cache, the new tokens' keys already written
+        vc_ptr,  # (num_blocks, BS, NKV, HD) value cache
+        out_ptr,  # (N, NH, HD) output; only the rows of the listed sequences are written
+        table_ptr,  # (B, max_blocks) block ids
+        qstart_ptr,  # (B,) first row of each sequence's queries
+        qlen_ptr,  # (B,) new tokens of each sequence
+        slen_ptr,  # (B,) context length of each sequence, new tokens included
+        sq_n,  # q strides: token, head
+        sq_h,
+        so_n,  # out strides: token, head
+        so_h,
+        sc_blk,  # cache strides: block, token-in-block, head
+        sc_tok,
+        sc_h,
+        st_b,  # block table row stride
+        scale_log2,  # softmax scale * log2(e)
+        G: tl.constexpr,  # query heads per KV head
+        HD: tl.constexpr,  # head dim (a power of two)
+        BS: tl.constexpr,  # tokens per cache block
+        BLOCK_M: tl.constexpr,  # rows per program: BLOCK_Q tokens x G heads, padded to a power of two
+        BLOCK_Q: tl.constexpr,  # query tokens per program (BLOCK_M // G)
+        BLOCK_N: tl.constexpr,  # keys per loop step
+        DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32 (the CPU interpreter needs it)
+        PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" keeps fp32 inputs off tf32
+    ):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        m0 = tl.program_id(2) * BLOCK_Q  # first query token of the tile, within the chunk
+        q_len = tl.load(qlen_ptr + b)
+        if m0 < q_len:
+            q_start = tl.load(qstart_ptr + b).to(tl.int64)
+            prefix = tl.load(slen_ptr + b) - q_len
+            r = tl.arange(0, BLOCK_M)
+            tok = m0 + r // G  # (BLOCK_M,) query token of each row, within the chunk
+            head = kvh * G + r % G  # (BLOCK_M,) query head of each row
+            # NOTE(h7): when G does not divide BLOCK_M, the last rows name the next tile's first token;
+            # storing them would race with that tile's program (hidden in the interpreter, which runs
+            # programs in order), so they are masked like rows past the chunk.
+            rmask = (r // G < BLOCK_Q) & (tok < q_len)
+            d = tl.arange(0, HD)
+            q = tl.load(
+                q_ptr + ((q_start + tok) * sq_n + head * sq_h)[:, None] + d[None, :], mask=rmask[:, None], other=0.0
+            )
+            if DOT_F32:
+                q = q.to(tl.float32)
+            pos = prefix + tok  # padding rows sit past the last token: never below a real key
+            acc = tl.zeros((BLOCK_M, HD), tl.float32)
+            m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+            lsum = tl.zeros((BLOCK_M,), tl.float32)
+            table_row = table_ptr + b * st_b
+            # keys up to the tile's first position are seen by every row: whole tiles of them need no mask
+            full_end = ((prefix + m0 + 1) // BLOCK_N) * BLOCK_N
+            kv_end = prefix + tl.minimum(m0 + BLOCK_Q, q_len)
+            acc, m, lsum = _prefill_tile(
+                acc,
+                m,
+                lsum,
+                q,
+                pos,
+                kc_ptr,
+                vc_ptr,
+                table_row,
+                kvh,
+                sc_blk,
+                sc_tok,
+                sc_h,
+                0,
+                full_end,
+                scale_log2,
+                HD,
+                BS,
+                BLOCK_N,
+                False,
+                DOT_F32,
+                PRECISION,
+            )
+            acc, m, lsum = _prefill_tile(
+                acc,
+                m,
+                lsum,
+                q,
+                pos,
+                kc_ptr,
+                vc_ptr,
+                table_row,
+                kvh,
+                sc_blk,
+                sc_tok,
+                sc_h,
+                full_end,
+                kv_end,
+                scale_log2,
+                HD,
+                BS,
+                BLOCK_N,
+                True,
+                DOT_F32,
+                PRECISION,
+            )
+            out = acc / lsum[:, None]
+            o_ptrs = out_ptr + ((q_start + tok) * so_n + head * so_h)[:, None] + d[None, :]
+            tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+
+
+def prefill_kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the kernel can run on these tensors here (device, interpreter, head dim); else use SDPA."""
+    hd = q.shape[-1]
+    return can_launch(q, k_cache) and hd >= 16 and hd == next_pow2(hd)
+
+
+def _default_blocks(hd: int, group: int, device: torch.device) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` for a head dim and GQA ratio."""
+    if device.type == "cpu":  # the interpreter: small tiles keep it quick and cover the tile edges
+        return max(16, next_pow2(group)), 16, 1, 1
+    # NOTE(h7): untuned (no GPU this session). 128 rows x 64 keys is the FlashAttention-2 shape
+    # for hd 64 on sm_90; hd 128 halves the rows so q, acc and a K/V stage fit the register file
+    # at 4 warps. Rows never drop below the group so one program always holds a whole token.
+    block_m = 128 if hd <= 64 else 64
+    return max(block_m, next_pow2(group)), 64, 4, 3
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_starts: torch.Tensor,
+    query_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its paged context (prefix, then the chunk).
+
+    Args:
+        q: ``(N, nh, hd)`` queries of the flattened batch (may be a strided view, last dim contiguous).
+        k_cache: ``(num_blocks, block_size, nkv, hd)``, already holding the new tokens' keys.
+        v_cache: same shape and dtype as ``k_cache``.
+        block_tables: ``(B, max_blocks)`` int32/int64 block ids.
+        query_starts: ``(B,)`` int first row in ``q`` of each sequence's new tokens (rows of
+            different sequences need not be adjacent: decode rows may sit between them).
+        query_lens: ``(B,)`` int new tokens per sequence, each >= 1.
+        seq_lens: ``(B,)`` int context lengths (cached prefix + new tokens), each >= ``query_lens``.
+        max_query_len: a bound on ``query_lens`` (sizes the grid; a host int, so no device sync).
+        scale: softmax scale.
+        out: ``(N, nh, hd)`` tensor to write the sequences' rows into; other rows are left alone.
+            Default: a new zero tensor.
+        block_m: rows (query tokens x group heads) per program; default by head dim and device.
+        block_n: keys per loop step; default 64 on the GPU, 16 in the interpreter.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ValueError: shapes, dtypes or strides the kernel cannot take.
+    """
+    check(q.dim() == 3 and k_cache.dim() == 4, "q must be (N, nh, hd), caches (num_blocks, block_size, nkv, hd)")
+    N, nh, hd = q.shape
+    _, bs, nkv, hd_c = k_cache.shape
+    B = query_starts.shape[0]
+    check(hd_c == hd, f"cache head dim {hd_c} != query head dim {hd}")
+    check(nh % nkv == 0, f"query heads {nh} must be a multiple of KV heads {nkv}")
+    check(v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype, "k_cache and v_cache must match")
+    check(q.dtype == k_cache.dtype, f"q dtype {q.dtype} must match the cache's {k_cache.dtype}")
+    check(block_tables.dim() == 2 and block_tables.shape[0] == B, f"block_tables must be ({B}, max_blocks)")
+    check(query_starts.shape == (B,) and query_lens.shape == (B,), f"query_starts and query_lens must be ({B},)")
+    check(seq_lens.shape == (B,), f"seq_lens must be ({B},)")
+    for name, t in (("block_tables", block_tables), ("query_starts", query_starts), ("query_lens", query_lens)):
+        check_dtype(name, t, torch.int32, torch.int64)
+    check_dtype("seq_lens", seq_lens, torch.int32, torch.int64)
+    check_dtype("q", q, torch.float32, torch.float16, torch.bfloat16)
+    if out is None:
+        out = torch.zeros((N, nh, hd), dtype=q.dtype, device=q.device)
+    check(out.shape == q.shape and out.dtype == q.dtype, f"out must be {tuple(q.shape)} {q.dtype}")
+    if not can_launch(q, k_cache, v_cache, block_tables, query_starts, query_lens, seq_lens, out):
+        return reference.paged_prefill_attention(
+            q, k_cache, v_cache, block_tables, query_starts, query_lens, seq_lens, scale, out=out
+        )
+    check(hd >= 16 and hd == next_pow2(hd), f"head dim {hd} must be a power of two >= 16")
+    check_last_contiguous("q", q)
+    check_last_contiguous("out", out)
+    check_last_contiguous("block_tables", block_tables)
+    check(k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous")
+    if B == 0 or max_query_len <= 0:
+        return out
+    G = nh // nkv
+    BLOCK_M, BLOCK_N, num_warps, num_stages = _default_blocks(hd, G, q.device)
+    if block_m is not None:
+        BLOCK_M = max(16, next_pow2(block_m), next_pow2(G))
+    if block_n is not None:
+        BLOCK_N = next_pow2(max(16, block_n))
+    BLOCK_Q = BLOCK_M // G
+    _prefill_kernel[(B, nkv, -(-max_query_len // BLOCK_Q))](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        query_starts,
+        query_lens,
+        seq_lens,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        scale * math.log2(math.e),
+        G=G,
+        HD=hd,
+        BS=bs,
+        BLOCK_M=BLOCK_M,
+        BLOCK_Q=BLOCK_Q,
+        BLOCK_N=BLOCK_N,
+        DOT_F32=dot_in_fp32(),
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out
