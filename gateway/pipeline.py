@@ -322,7 +322,14 @@ class Pipeline:
                 tenant = record.tenant or "none"
                 self.metrics.observe_cost(tenant, record.provider, record.cost_nanos / 1e9, record.saved_nanos / 1e9)
                 if record.slo_met is not None:
-                    self.metrics.observe_slo(tenant, record.slo_class, record.slo_met)
+                    self.metrics.observe_slo(
+                        tenant,
+                        record.slo_class,
+                        record.slo_met,
+                        record.deployment or record.provider,
+                        record.ttft_ms / 1000 if record.ttft_ms is not None else None,
+                        record.tpot_ms / 1000 if record.tpot_ms is not None else None,
+                    )
         seconds = time.perf_counter() - call.started
         provider = served_by.target.provider if served_by else "none"
         self.metrics.observe_request(call.endpoint, model, provider, status, seconds)

@@ -24,8 +24,7 @@ from gateway.errors import InvalidRequest
 from gateway.ledger import Limits
 from gateway.ledger.budget import period_of, period_start
 from gateway.ledger.prices import add_price
-from gateway.ledger.record import NANOS_PER_USD
-from gateway.ledger.reports import GOODPUT_GROUPS, GROUPS, goodput, spend
+from gateway.ledger.reports import GOODPUT_GROUPS, GROUPS, budget_status, goodput, spend
 from gateway.policy import Price
 
 
@@ -138,18 +137,7 @@ async def get_goodput(
 async def get_budgets(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Every scope with a budget: limits, this month's spend and what requests in flight have reserved."""
     require_reader(request, state)
-    ledger = state.ledger
-    period = period_of(datetime.now(UTC))
-    data = []
-    for lim in ledger.limits.cached():
-        if lim.budget_hard_usd is None and lim.budget_soft_usd is None:
-            continue
-        spent, reserved = await ledger.budgets.state(lim.scope, period)
-        data.append({
-            "tenant": lim.tenant, "key_id": lim.key_id or None, "period": period,
-            "soft_limit_usd": lim.budget_soft_usd, "hard_limit_usd": lim.budget_hard_usd,
-            "spent_usd": spent / NANOS_PER_USD, "reserved_usd": reserved / NANOS_PER_USD,
-        })  # fmt: skip
+    data = await budget_status(state.ledger.limits, state.ledger.budgets, datetime.now(UTC))
     return json_response({"data": data})
 
 

@@ -7,11 +7,13 @@ None of these routes needs an API key, as load balancers and Prometheus expect.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import msgspec
 from litestar import Response, get
 from litestar.datastructures import State
 
+from gateway.ledger.reports import budget_status
 from gateway.obs.metrics import CONTENT_TYPE
 
 _CHECK_TIMEOUT_S = 2.0
@@ -46,7 +48,10 @@ async def readyz(state: State) -> Response[bytes]:
 
 @get("/metrics", summary="Prometheus metrics")
 async def metrics(state: State) -> Response[bytes]:
-    """The text exposition format."""
+    """The text exposition format; the budgets' standing is read at each scrape."""
+    if state.pipeline.ledger is not None:
+        ledger = state.pipeline.ledger
+        state.metrics.set_budgets(await budget_status(ledger.limits, ledger.budgets, datetime.now(UTC)))
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
 

@@ -13,6 +13,8 @@ can pass the hard limit only by what admitted requests cost beyond their reserva
 reservation is a true upper bound), and by nothing else, however many requests race.
 
 Counters start from the period's spend in the database (``seed``), once per scope and period.
+``reserved`` in Redis also holds replicas' leased slices (``gateway.ledger.lease_script`` owns their
+holder fields); reading the state gives back those of replicas that stopped renewing them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
+
+from gateway.ledger.lease_script import RECLAIM
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -152,6 +156,14 @@ end
 return 1
 """
 
+_STATE = (
+    RECLAIM
+    + """
+reclaim(KEYS[1], now)
+return redis.call('HMGET', KEYS[1], 'spent', 'reserved')
+"""
+)
+
 
 class RedisCounters:
     """Counters in Redis hashes ``<prefix>:<period>:<scope>``, shared by every replica.
@@ -165,6 +177,7 @@ class RedisCounters:
         self._reserve = redis.register_script(_RESERVE)
         self._settle = redis.register_script(_SETTLE)
         self._seed = redis.register_script(_SEED)
+        self._state = redis.register_script(_STATE)
 
     def key(self, scope: str, period: str) -> str:
         """The Redis hash of ``scope``'s counters in ``period``."""
@@ -196,6 +209,7 @@ class RedisCounters:
         if scopes:
             await self._settle(keys=[self.key(s, period) for s in scopes], args=[reserved, actual, PERIOD_TTL_S])
 
-    async def state(self, scope: str, period: str) -> tuple[int, int]:  # noqa: D102
-        values = await self._redis.hmget(self.key(scope, period), ["spent", "reserved"])
+    async def state(self, scope: str, period: str) -> tuple[int, int]:
+        """``(spent, reserved)``, after giving back what replicas that stopped renewing their leases held."""
+        values = await self._state(keys=[self.key(scope, period)])
         return int(values[0] or 0), int(values[1] or 0)

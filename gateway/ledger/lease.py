@@ -21,18 +21,24 @@ Bounds (all replicas together):
   holds the reservations in flight and every replica's unused slices. So spend passes the hard limit
   by no more than what requests cost beyond their own reservation (nothing when the reservation is
   the worst case), and a request is refused at most ``unused slices of other replicas`` too early.
-  The budget status's ``reserved`` includes the slices. A graceful shutdown gives every slice back;
-  after a crash a replica's unused budget slices (each at most ``LEASE_REQUESTS`` reservations)
-  stay reserved until the month ends, like the reservations that were in flight then, and the
-  settlements not yet sent (the last ``settle_delay_s + FLUSH_DELAY_S``) are lost.
+  The budget status's ``reserved`` includes the slices. A graceful shutdown gives every slice back.
+* Crashes: Redis keeps per budget hash what each replica holds (unused slices and its requests'
+  reservations in flight), with an expiry renewed every ``lease_ttl_s / 3``. Once a replica stops
+  renewing (SIGKILL), the next script run or status read on the scope gives its holdings back, at
+  most ``lease_ttl_s`` after its last renewal. A replica that could not renew for ``LOST_AFTER`` of
+  it stops using its slices; giving back a reclaimed holding later changes nothing. Lost at a
+  crash: the spend of settlements not yet sent (the last ``settle_delay_s + FLUSH_DELAY_S``, about
+  40 ms, and requests in flight) never reaches Redis's ``spent``, which is seeded from the records
+  only when new; the records themselves are still written (the writer's own bound). Rate slices
+  need no expiry: they count in their minute only, which weighs on admission for two minutes.
 * A limit lowered meanwhile binds this replica once its slice of that counter is used up.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-from dataclasses import dataclass
+import time
+import uuid
 from typing import TYPE_CHECKING
 
 import structlog
@@ -40,6 +46,17 @@ import structlog
 from gateway.ledger.budget import PERIOD_TTL_S, RedisCounters, Refused
 from gateway.ledger.gate import Outcome
 from gateway.ledger.lease_script import LEASE_SCRIPT
+from gateway.ledger.lease_slice import (
+    LEASE_REQUESTS,
+    LEASE_SHARE,
+    LEASE_TTL_S,
+    LOST_AFTER,
+    BudgetLease,
+    BudgetTake,
+    RateLease,
+    RateTake,
+    slice_size,
+)
 from gateway.ledger.ratelimit import WINDOW_S, RedisCounts
 
 if TYPE_CHECKING:
@@ -50,51 +67,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-LEASE_SHARE = 32
-"""A slice is at most this fraction (1/32) of a limit, so one idle replica holds little of it."""
-LEASE_REQUESTS = 32
-"""A slice covers at most this many requests like the one that asked for it (bounds a crash's leak)."""
 FLUSH_DELAY_S = 0.02
 """How long settlements collect before they go to Redis in one script run."""
-
-
-@dataclass(slots=True)
-class _RateLease:
-    """This replica's slice of one rate counter in one minute."""
-
-    window: int
-    free: int = 0
-    """Charged in Redis, not used yet by a request here."""
-    cur: int = 0
-    """The minute's count in Redis at the last sync (every replica's use and slices)."""
-    prev: int = 0
-    target: int = 0
-    """The slice's size: refilled when less than half of it is left."""
-    taking: int = 0
-    """Extra asked for by script runs in flight (so that concurrent takes do not each ask a slice)."""
-    limit: int = 0
-    """The rule's limit as last seen (what refills are checked against)."""
-
-
-@dataclass(slots=True)
-class _BudgetLease:
-    """This replica's slice of one budget scope in one month."""
-
-    period: str
-    free: int = 0
-    """Reserved in Redis, not held by a request here."""
-    spent: int = 0
-    reserved: int = 0
-    """Redis's counters at the last sync, kept up to date with the settlements made here since."""
-    target: int = 0
-    taking: int = 0
-    hard: int | None = None
-    """The scope's hard limit as last seen (``None``: none)."""
-
-
-# A counter asked for ``need`` plus up to ``extra``: (counter or scope, its lease, need, extra).
-_RateTake = tuple[str, _RateLease, int, int]
-_BudgetTake = tuple[str, _BudgetLease, int, int]
 
 
 class LeasedGate:
@@ -107,19 +81,24 @@ class LeasedGate:
 
     settle_delay_s = 0.02
     """How long settlements may wait for an admission to carry them (they are then applied here)."""
+    lease_ttl_s = LEASE_TTL_S
+    """How long Redis keeps this replica's budget holdings without a renewal (set before first use)."""
 
     def __init__(self, counts: RedisCounts, budgets: RedisCounters) -> None:
         self._counts = counts
         self._budgets = budgets
         self._script = counts.redis.register_script(LEASE_SCRIPT)
-        self._rates: dict[str, _RateLease] = {}
-        self._spend: dict[str, _BudgetLease] = {}
+        self._rates: dict[str, RateLease] = {}
+        self._spend: dict[str, BudgetLease] = {}
         self._rate_adj: dict[tuple[str, int], int] = {}
         self._budget_adj: dict[tuple[str, str], list[int]] = {}
         self._window = 0
         """The latest minute asked for: only its slices are refilled."""
         self._flusher: asyncio.Task[None] | None = None
         self._refiller: asyncio.Task[None] | None = None
+        self._renewer: asyncio.Task[None] | None = None
+        self._id = uuid.uuid4().hex
+        """This replica's holder name in the budget hashes."""
 
     def admit_now(
         self, ask: Ask | None, reservation: Reservation | None, settlements: Sequence[Settlement] = ()
@@ -165,21 +144,21 @@ class LeasedGate:
         rates = self._rate_leases(ask)
         spend = self._budget_leases(reservation)
         held: list[int] = []
-        rate_takes: list[_RateTake] = []
-        budget_takes: list[_BudgetTake] = []
+        rate_takes: list[RateTake] = []
+        budget_takes: list[BudgetTake] = []
         if ask is not None:
             for key, lease, cost, rule in zip(ask.keys, rates, ask.costs, ask.rules, strict=True):
                 h = max(0, min(lease.free, cost))
                 lease.free -= h
                 held.append(h)
-                lease.limit, lease.target = rule.limit, _slice(rule.limit, cost)
+                lease.limit, lease.target = rule.limit, slice_size(rule.limit, cost)
                 rate_takes.append((key, lease, cost - h, lease.target - lease.free - lease.taking))
         if reservation is not None:
             for (scope, hard), b in zip(reservation.scopes, spend, strict=True):
                 h = max(0, min(b.free, reservation.amount))
                 b.free -= h
                 held.append(h)
-                b.hard, b.target = hard, _slice(hard, reservation.amount)
+                b.hard, b.target = hard, slice_size(hard, reservation.amount)
                 budget_takes.append((scope, b, reservation.amount - h, b.target - b.free - b.taking))
         try:
             status, index, raw = await self._send(rate_takes, budget_takes, ask.weight if ask is not None else 1.0)
@@ -212,6 +191,9 @@ class LeasedGate:
 
     async def aclose(self) -> None:
         """Give every unused slice back and send what waits (graceful shutdown)."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.wait([self._renewer])
         for task in (self._refiller, self._flusher):
             if task is not None:
                 await task
@@ -227,7 +209,7 @@ class LeasedGate:
 
     # -- local state ----------------------------------------------------------------------------
 
-    def _rate_leases(self, ask: Ask | None) -> list[_RateLease]:
+    def _rate_leases(self, ask: Ask | None) -> list[RateLease]:
         if ask is None:
             return []
         out = []
@@ -237,20 +219,24 @@ class LeasedGate:
             if lease is None or lease.window != ask.window:
                 if lease is not None and lease.free > 0:  # the minute is over: give its slice back
                     self._adjust_rate(key, lease.window, -lease.free)
-                lease = self._rates[key] = _RateLease(ask.window)
+                lease = self._rates[key] = RateLease(ask.window)
             out.append(lease)
         return out
 
-    def _budget_leases(self, reservation: Reservation | None) -> list[_BudgetLease]:
+    def _budget_leases(self, reservation: Reservation | None) -> list[BudgetLease]:
         if reservation is None:
             return []
         out = []
+        lost = time.monotonic() - self.lease_ttl_s * LOST_AFTER
         for scope, _ in reservation.scopes:
             b = self._spend.get(scope)
             if b is None or b.period != reservation.period:
                 if b is not None and b.free > 0:  # the month is over: give its slice back
                     self._adjust_budget(scope, b.period, 0, -b.free)
-                b = self._spend[scope] = _BudgetLease(reservation.period)
+                b = self._spend[scope] = BudgetLease(reservation.period)
+            elif b.free > 0 and b.renewed < lost:  # Redis may have given it to the others meanwhile
+                log.warning("ledger_lease_lost", scope=scope, free=b.free)
+                b.free = 0
             out.append(b)
         return out
 
@@ -290,7 +276,7 @@ class LeasedGate:
         adj[0] += spent
         adj[1] += reserved
 
-    def _give_back_held(self, rates: list[_RateLease], spend: list[_BudgetLease], held: list[int]) -> None:
+    def _give_back_held(self, rates: list[RateLease], spend: list[BudgetLease], held: list[int]) -> None:
         for lease, h in zip(rates, held, strict=False):
             lease.free += h
         for b, h in zip(spend, held[len(rates) :], strict=True):
@@ -319,12 +305,12 @@ class LeasedGate:
 
     async def _refill(self) -> None:
         """Top every slice that ran below half its size up to its size (what fits), in one script run."""
-        rate_takes: list[_RateTake] = [
+        rate_takes: list[RateTake] = [
             (key, lease, 0, lease.target - lease.free - lease.taking)
             for key, lease in self._rates.items()
             if (lease.free + lease.taking) * 2 < lease.target and lease.window == self._window
         ]
-        budget_takes: list[_BudgetTake] = [
+        budget_takes: list[BudgetTake] = [
             (scope, b, 0, b.target - b.free - b.taking)
             for scope, b in self._spend.items()
             if (b.free + b.taking) * 2 < b.target
@@ -334,22 +320,23 @@ class LeasedGate:
         except Exception as exc:  # noqa: BLE001 - requests then take what they need on their path
             log.warning("ledger_lease_refill_failed", error=type(exc).__name__)
 
-    async def _sync(self, rate_takes: list[_RateTake], budget_takes: list[_BudgetTake]) -> None:
+    async def _sync(self, rate_takes: list[RateTake], budget_takes: list[BudgetTake]) -> None:
         # NOTE: refills count last minute in full (weight 1): a slice granted now stays within the
         # limit for the rest of the minute, as the sliding window only lets last minute weigh less
         if rate_takes or budget_takes or self._rate_adj or self._budget_adj:
             await self._send(rate_takes, budget_takes, 1.0)
 
     async def _send(
-        self, rate_takes: list[_RateTake], budget_takes: list[_BudgetTake], weight: float
+        self, rate_takes: list[RateTake], budget_takes: list[BudgetTake], weight: float
     ) -> tuple[int, int, list[int]]:
         """One script run: the waiting adjustments, then the takes. Granted slices are added here."""
         rate_adj, self._rate_adj = self._rate_adj, {}
         budget_adj, self._budget_adj = self._budget_adj, {}
         keys = [self._counts.key(k, w) for k, w in rate_adj]
         keys += [self._budgets.key(s, p) for s, p in budget_adj]
-        args: list[int] = [len(rate_adj), len(budget_adj), len(rate_takes), len(budget_takes)]
-        args += [round(weight * 1_000_000), 3 * WINDOW_S, PERIOD_TTL_S, *rate_adj.values()]
+        args: list[int | str] = [len(rate_adj), len(budget_adj), len(rate_takes), len(budget_takes)]
+        args += [round(weight * 1_000_000), 3 * WINDOW_S, PERIOD_TTL_S]
+        args += [self._id, round(self.lease_ttl_s * 1000), *rate_adj.values()]
         for spent, reserved in budget_adj.values():
             args += [spent, reserved]
         for key, lease, need, extra in rate_takes:
@@ -358,27 +345,45 @@ class LeasedGate:
         for scope, b, need, extra in budget_takes:
             keys.append(self._budgets.key(scope, b.period))
             args += [-1 if b.hard is None else b.hard, need, max(0, extra)]
-        leases: list[_RateLease | _BudgetLease] = [t[1] for t in rate_takes] + [t[1] for t in budget_takes]
+        leases: list[RateLease | BudgetLease] = [t[1] for t in rate_takes] + [t[1] for t in budget_takes]
         extras = [max(0, t[3]) for t in rate_takes] + [max(0, t[3]) for t in budget_takes]
         for taker, extra in zip(leases, extras, strict=True):
             taker.taking += extra
+        sent = time.monotonic()
         try:
             raw = [int(v) for v in await self._script(keys=keys, args=args)]
         except Exception as exc:
             # NOTE: not retried: the script may have run before the connection failed, and an
-            # adjustment applied twice would count a cost twice. A lost one leaves a reservation held.
+            # adjustment applied twice would count a cost twice. A lost one leaves a reservation held
+            # (in this replica's holding: it expires once this replica shuts down or dies).
             if rate_adj or budget_adj:
                 log.error("ledger_settle_failed", error=type(exc).__name__, counters=len(rate_adj) + len(budget_adj))
             raise
         finally:
             for taker, extra in zip(leases, extras, strict=True):
                 taker.taking -= extra
+        for scope, period in [*budget_adj, *((t[0], t[1].period) for t in budget_takes)]:
+            if (held := self._spend.get(scope)) is not None and held.period == period:
+                held.renewed = max(held.renewed, sent)
         status, index, rest = raw[0], raw[1], raw[2:]
         if status == 0:
             self._granted(rate_takes, budget_takes, rest)
+        if self._spend and (self._renewer is None or self._renewer.done()):
+            self._renewer = asyncio.get_running_loop().create_task(self._renew())
         return status, index, rest
 
-    def _granted(self, rate_takes: list[_RateTake], budget_takes: list[_BudgetTake], rest: list[int]) -> None:
+    async def _renew(self) -> None:
+        """Renew this replica's holdings in every budget scope it leases, every third of their lifetime."""
+        while self._spend:
+            await asyncio.sleep(self.lease_ttl_s / 3)
+            for scope, b in self._spend.items():
+                self._adjust_budget(scope, b.period, 0, 0)
+            try:
+                await self._sync([], [])
+            except Exception as exc:  # noqa: BLE001 - retried at the next tick; slices are dropped when too old
+                log.warning("ledger_lease_renew_failed", error=type(exc).__name__)
+
+    def _granted(self, rate_takes: list[RateTake], budget_takes: list[BudgetTake], rest: list[int]) -> None:
         for i, (key, lease, need, _) in enumerate(rate_takes):
             cur, prev, granted = rest[3 * i : 3 * i + 3]
             if self._rates.get(key) is lease:
@@ -396,10 +401,4 @@ class LeasedGate:
                 self._adjust_budget(scope, b.period, 0, need - granted)
 
 
-def _slice(limit: int | None, need: int) -> int:
-    """A slice's size for a counter with ``limit`` (``None``: none) asked for ``need`` at a time."""
-    most = LEASE_REQUESTS * need
-    return max(need, min(most, math.ceil(limit / LEASE_SHARE))) if limit is not None else most
-
-
-__all__ = ["FLUSH_DELAY_S", "LEASE_REQUESTS", "LEASE_SHARE", "LeasedGate"]
+__all__ = ["FLUSH_DELAY_S", "LEASE_REQUESTS", "LEASE_SHARE", "LEASE_TTL_S", "LeasedGate"]

@@ -1,7 +1,7 @@
-"""Finance queries over the usage records: spend and goodput, grouped (by tenant, model, provider, day...).
+"""Finance queries: spend and goodput (grouped by tenant, model, provider, day...), and budget standing.
 
 Owns the SQL (portable between SQLite and PostgreSQL) and the goodput arithmetic. Does not own HTTP
-(``gateway.api.finance``).
+(``gateway.api.finance``) nor the metrics exposition (``gateway.api.health``), which both read these.
 """
 
 from __future__ import annotations
@@ -12,12 +12,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import case, func, select
 
+from gateway.ledger.budget import period_of
 from gateway.ledger.record import NANOS_PER_USD
 from gateway.store.models import UsageRow
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from gateway.ledger.budget import BudgetCounters
+    from gateway.ledger.limits import LimitStore
     from gateway.store.db import Database
 
 GroupBy = Literal["tenant", "model", "provider", "deployment", "day"]
@@ -126,3 +129,19 @@ def _seconds(start: datetime, end: datetime, day: str | None) -> float:
         lo = datetime.fromisoformat(day).replace(tzinfo=UTC)
         start, end = max(start, lo), min(end, lo + timedelta(days=1))
     return max((end - start).total_seconds(), 1e-9)
+
+
+async def budget_status(limits: LimitStore, budgets: BudgetCounters, at: datetime) -> list[dict[str, Any]]:
+    """Every scope with a budget: its limits, the month's spend and what requests in flight have reserved."""
+    period = period_of(at)
+    data = []
+    for lim in limits.cached():
+        if lim.budget_hard_usd is None and lim.budget_soft_usd is None:
+            continue
+        spent, reserved = await budgets.state(lim.scope, period)
+        data.append({
+            "tenant": lim.tenant, "key_id": lim.key_id or None, "period": period,
+            "soft_limit_usd": lim.budget_soft_usd, "hard_limit_usd": lim.budget_hard_usd,
+            "spent_usd": spent / NANOS_PER_USD, "reserved_usd": reserved / NANOS_PER_USD,
+        })  # fmt: skip
+    return data

@@ -6,7 +6,7 @@ touches prometheus_client.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -69,6 +69,19 @@ class Metrics:
             ["tenant", "slo_class", "met"],
             registry=r,
         )
+        self.slo_latency = Histogram(
+            "crossway_slo_latency_seconds",
+            "TTFT and TPOT of served requests by tenant, deployment and SLO class (goodput percentiles).",
+            ["tenant", "deployment", "slo_class", "kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.budget = Gauge(
+            "crossway_budget_usd",
+            "Each budgeted scope's month: spent, reserved by requests in flight, soft and hard limit.",
+            ["tenant", "key_id", "kind"],
+            registry=r,
+        )
 
     def watch_ledger(self, pending: Callable[[], float]) -> None:
         """Report the usage records waiting to be written (what a crash would lose) at each scrape."""
@@ -93,9 +106,25 @@ class Metrics:
         if saved_usd:
             self.cost.labels(tenant, provider, "saved").inc(saved_usd)
 
-    def observe_slo(self, tenant: str, slo_class: str, met: bool) -> None:
-        """One served request's SLO verdict."""
+    def observe_slo(
+        self, tenant: str, slo_class: str, met: bool, deployment: str, ttft_s: float | None, tpot_s: float | None
+    ) -> None:
+        """One served request's SLO verdict and the latencies it was judged on."""
         self.slo.labels(tenant, slo_class, "true" if met else "false").inc()
+        if ttft_s is not None:
+            self.slo_latency.labels(tenant, deployment, slo_class, "ttft").observe(ttft_s)
+        if tpot_s is not None:
+            self.slo_latency.labels(tenant, deployment, slo_class, "tpot").observe(tpot_s)
+
+    def set_budgets(self, status: list[dict[str, Any]]) -> None:
+        """The budgets' standing (``gateway.ledger.reports.budget_status``), as of this scrape."""
+        self.budget.clear()  # a budget removed since the last scrape disappears
+        for row in status:
+            key_id = str(row["key_id"] or "")
+            for kind in ("spent", "reserved", "soft_limit", "hard_limit"):
+                value = row[f"{kind}_usd"]
+                if value is not None:
+                    self.budget.labels(row["tenant"], key_id, kind).set(value)
 
     def observe_tokens(self, provider: str, input_tokens: int, output_tokens: int, cached: int) -> None:
         """Token counts of one request."""

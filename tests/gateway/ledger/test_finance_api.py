@@ -51,14 +51,19 @@ def test_finance_reports_spend_csv_and_goodput_priced_by_version(gateway) -> Non
     assert created.status_code == 201
     client = openai.OpenAI(api_key=key, base_url=f"{server.url}/v1", max_retries=0)
     try:
-        answers = [client.chat.completions.create(model="gpt-test", messages=MSGS) for _ in range(3)]
+        answers = [client.chat.completions.create(model="gpt-test", messages=MSGS) for _ in range(2)]
+        chunks = list(
+            client.chat.completions.create(
+                model="gpt-test", messages=MSGS, stream=True, stream_options={"include_usage": True}
+            )
+        )
     finally:
         client.close()
-    usage = [a.usage for a in answers]
+    usage = [a.usage for a in answers] + [chunks[-1].usage]
     expected_nanos = sum(round(u.prompt_tokens * 1.0 * 1000) + round(u.completion_tokens * 2.0 * 1000) for u in usage)
     (row,) = _spend(admin, "tenant,model,provider,day", 3)
     assert (row["tenant"], row["model"], row["provider"], row["requests"]) == ("acme", "gpt-test", "openai", 3)
-    assert row["output_tokens"] == sum(u.completion_tokens for u in usage)
+    assert row["output_tokens"] == sum(u.completion_tokens for u in usage if u is not None)
     assert row["cost_usd"] == pytest.approx(expected_nanos / 1e9, abs=1e-12)
     exported = admin.get("/admin/finance/spend.csv", params={"group_by": "tenant,model"})
     assert exported.headers["content-type"].startswith("text/csv")
@@ -74,6 +79,10 @@ def test_finance_reports_spend_csv_and_goodput_priced_by_version(gateway) -> Non
         'crossway_cost_usd_total{kind="spent",provider="openai",tenant="acme"}'
     ]
     assert float(spent[0].split()[1]) == pytest.approx(expected_nanos / 1e9, rel=1e-9)
+    ttft = [line for line in metrics.splitlines() if line.startswith("crossway_slo_latency_seconds_count{")]
+    # only the streamed request has a TTFT; the goodput report's percentiles come from the same records
+    assert [line.split()[1] for line in ttft if 'kind="ttft"' in line and 'tenant="acme"' in line] == ["1.0"]
+    assert all('deployment="openai/gpt-4o-mini"' in line for line in ttft)
 
 
 def test_hard_budget_rejects_with_402_and_budget_status_shows_spend(gateway) -> None:
@@ -96,6 +105,16 @@ def test_hard_budget_rejects_with_402_and_budget_status_shows_spend(gateway) -> 
     assert status["tenant"] == "acme"
     assert 0 < status["spent_usd"] <= 0.2
     assert status["reserved_usd"] == 0
+    gauges = {
+        line.split()[0]: float(line.split()[1])
+        for line in admin.get("/metrics").text.splitlines()
+        if line.startswith("crossway_budget_usd{")
+    }
+    assert gauges == {
+        'crossway_budget_usd{key_id="",kind="spent",tenant="acme"}': pytest.approx(status["spent_usd"]),
+        'crossway_budget_usd{key_id="",kind="reserved",tenant="acme"}': 0.0,
+        'crossway_budget_usd{key_id="",kind="hard_limit",tenant="acme"}': 0.2,
+    }
 
 
 def test_rate_limit_answers_429_with_retry_after(gateway) -> None:

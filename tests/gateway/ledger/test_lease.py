@@ -279,3 +279,109 @@ async def test_caller_gone_while_its_slices_are_taken_leaves_nothing_charged(sql
     # the request itself still counts against the RPM (as with one script per admission); its slice went back
     assert int(await client.get(f"{prefix}:rl:t:acme:requests:{int(T0 // 60)}") or 0) == 1
     assert [r.request_id for r in await rows(sqlite_db)] == []  # a caller gone before admission: no record
+
+
+def _crash(ledger) -> None:
+    """What a SIGKILL leaves in Redis: the replica's holdings, no longer renewed (nothing is given back)."""
+    renewer = ledger.gate._renewer
+    assert renewer is not None  # a replica holding budget slices renews them
+    renewer.cancel()
+
+
+async def test_a_crashed_replicas_slices_and_requests_in_flight_return_to_the_pool_after_the_lease(
+    sqlite_db, redis_prefix
+) -> None:
+    a = await _replica(sqlite_db, redis_prefix)
+    b = await _replica(sqlite_db, redis_prefix)
+    a.gate.lease_ttl_s = 1.0
+    hard = 64 * WORST
+    await a.limits.put(Limits("acme", budget_hard_usd=hard / 1e9))
+    await b.limits.reload()
+    period = period_of(datetime.now(UTC))
+    served, _ = await _admit(a, "served")
+    await _admit(a, "in-flight")  # never finishes: a dies with it
+    a.finish(served, target=PLAN.targets[0], status=200, usage=Usage(100, 10))
+    await asyncio.sleep(a.gate.settle_delay_s + FLUSH_DELAY_S * 5)
+    spent, reserved = await b.budgets.state("t:acme", period)
+    assert spent == (100 + 20) * 1000
+    assert reserved >= WORST  # the request in flight and a's unused slice
+    _crash(a)
+    started = time.monotonic()
+    for _ in range(100):  # polls the status for up to 5 s
+        if not (await b.budgets.state("t:acme", period))[1]:
+            break
+        await asyncio.sleep(0.05)
+    waited = time.monotonic() - started
+    assert await b.budgets.state("t:acme", period) == (spent, 0)  # nothing held by a dead replica
+    assert 0.5 < waited < 1.6  # given back once a's last renewal is lease_ttl_s old, not before
+    admitted = []
+    for i in range(70):
+        try:
+            admitted.append(await _admit(b, f"b{i}"))
+        except BudgetExceeded:
+            break
+    assert len(admitted) < 70  # refused once the budget is used up
+    await asyncio.sleep(FLUSH_DELAY_S * 3)  # b's last refill lands
+    # the whole budget is b's again: all of it held by b (a refill of its own in flight may refuse
+    # a request up to one slice, 2 worst cases, early: as in the race test above)
+    assert len(admitted) >= (hard - spent) // WORST - 2
+    assert hard - WORST < sum(await b.budgets.state("t:acme", period)) <= hard
+    await a.aclose()  # a late give-back of a reclaimed holding changes nothing
+    spent_after, reserved_after = await b.budgets.state("t:acme", period)
+    assert spent_after == spent
+    assert reserved_after >= len(admitted) * WORST  # b's requests in flight are still reserved
+    for admission, _ in admitted:
+        b.finish(admission, target=PLAN.targets[0], status=200, usage=Usage(100, 10))
+    await b.aclose()
+    assert await b.budgets.state("t:acme", period) == (spent + len(admitted) * 120_000, 0)
+
+
+async def test_renewal_keeps_a_live_replicas_slice_past_the_lease_time(sqlite_db, redis_prefix) -> None:
+    client, _ = redis_prefix
+    a = await _replica(sqlite_db, redis_prefix)
+    b = await _replica(sqlite_db, redis_prefix)
+    a.gate.lease_ttl_s = 0.6
+    await a.limits.put(Limits("acme", budget_hard_usd=64 * WORST / 1e9))
+    await b.limits.reload()
+    period = period_of(datetime.now(UTC))
+    first, _ = await _admit(a, "first")
+    await asyncio.sleep(FLUSH_DELAY_S * 3)
+    _, held = await b.budgets.state("t:acme", period)
+    assert held >= 2 * WORST  # the request and a's slice
+    await asyncio.sleep(1.5)  # two and a half lease times, renewed every 0.2 s
+    assert await b.budgets.state("t:acme", period) == (0, held)
+    sent = _counting(client)
+    try:
+        second, _ = await _admit(a, "second")
+        assert sent == []  # still admitted from a's slice
+    finally:
+        del client.execute_command
+    for admission in (first, second):
+        a.finish(admission, target=PLAN.targets[0], status=200, usage=Usage(100, 10))
+    await a.aclose()
+    await b.aclose()
+    assert await b.budgets.state("t:acme", period) == (2 * 120_000, 0)
+
+
+async def test_a_replica_that_could_not_renew_stops_using_its_slice(sqlite_db, redis_prefix) -> None:
+    client, _ = redis_prefix
+    a = await _replica(sqlite_db, redis_prefix)
+    a.gate.lease_ttl_s = 0.5
+    await a.limits.put(Limits("acme", budget_hard_usd=64 * WORST / 1e9))
+    period = period_of(datetime.now(UTC))
+    first, _ = await _admit(a, "first")
+    await asyncio.sleep(FLUSH_DELAY_S * 3)
+    _crash(a)  # a lives on, but its renewals stop (as when Redis cannot be reached)
+    await asyncio.sleep(0.6)
+    sent = _counting(client)
+    try:
+        second, _ = await _admit(a, "second")
+        assert sent != []  # the old slice may be someone else's now: the request asks Redis
+    finally:
+        del client.execute_command
+    _, reserved = await a.budgets.state("t:acme", period)
+    assert reserved >= WORST  # the new request's reservation, held under a fresh lease
+    for admission in (first, second):  # first's holding was reclaimed: its settlement releases nothing twice
+        a.finish(admission, target=PLAN.targets[0], status=200, usage=Usage(100, 10))
+    await a.aclose()
+    assert await a.budgets.state("t:acme", period) == (2 * 120_000, 0)
