@@ -161,25 +161,32 @@
   }
 
   // rows: [{label, value, color, attrs, title}], one horizontal bar each, value labels at their ends.
-  function hBars(svg, opts) {
-    const rows = opts.rows;
-    const rowH = 34;
-    const height = M.top + M.bottom + Math.max(rows.length, 1) * rowH;
-    const ticks = niceTicks(Math.max(0, ...rows.map((r) => r.value)));
+  // The frame both horizontal charts share: one row per item, rows labelled on the left, a value axis below.
+  function hFrame(svg, count, rowH, top, rightPad, xTick, xLabel) {
+    const height = M.top + M.bottom + Math.max(count, 1) * rowH;
+    const ticks = niceTicks(top);
     while (svg.firstChild) svg.removeChild(svg.firstChild);
     svg.setAttribute("viewBox", "0 0 " + W + " " + height);
     svg.setAttribute("role", "img");
     const left = 150;
-    const w = W - left - 90;
+    const w = W - left - rightPad;
     const h = height - M.top - M.bottom;
     const g = el("g", { transform: "translate(" + left + "," + M.top + ")" }, svg);
     const x = (v) => (v / ticks.top) * w;
     const axis = el("g", { class: "axis x" }, g);
     for (const t of ticks.ticks) {
       el("line", { x1: x(t), x2: x(t), y1: 0, y2: h, class: t === 0 ? "baseline" : "grid" }, axis);
-      text(axis, x(t), h + 16, (opts.xTick || fmt.usdTick)(t, ticks.step), { "text-anchor": "middle" });
+      text(axis, x(t), h + 16, xTick(t, ticks.step), { "text-anchor": "middle" });
     }
-    if (opts.xLabel) text(axis, w / 2, h + 34, opts.xLabel, { class: "axis-label", "text-anchor": "middle" });
+    if (xLabel) text(axis, w / 2, h + 34, xLabel, { class: "axis-label", "text-anchor": "middle" });
+    return { g, x, w, h };
+  }
+
+  function hBars(svg, opts) {
+    const rows = opts.rows;
+    const rowH = 34;
+    const top = Math.max(0, ...rows.map((r) => r.value));
+    const { g, x, w, h } = hFrame(svg, rows.length, rowH, top, 90, opts.xTick || fmt.usdTick, opts.xLabel);
     const marks = el("g", { class: "marks" }, g);
     rows.forEach((r, i) => {
       const top = i * rowH + 6;
@@ -193,23 +200,8 @@
   // rows: [{label, spent, reserved, soft, hard, attrs}]: spend and reservations against soft and hard marks.
   function budgetBars(svg, rows) {
     const rowH = 60;
-    const height = M.top + M.bottom + Math.max(rows.length, 1) * rowH;
     const top = Math.max(0, ...rows.map((r) => Math.max(r.spent + r.reserved, r.soft || 0, r.hard || 0)));
-    const ticks = niceTicks(top * 1.05);
-    while (svg.firstChild) svg.removeChild(svg.firstChild);
-    svg.setAttribute("viewBox", "0 0 " + W + " " + height);
-    svg.setAttribute("role", "img");
-    const left = 150;
-    const w = W - left - 40;
-    const h = height - M.top - M.bottom;
-    const g = el("g", { transform: "translate(" + left + "," + M.top + ")" }, svg);
-    const x = (v) => (v / ticks.top) * w;
-    const axis = el("g", { class: "axis x" }, g);
-    for (const t of ticks.ticks) {
-      el("line", { x1: x(t), x2: x(t), y1: 0, y2: h, class: t === 0 ? "baseline" : "grid" }, axis);
-      text(axis, x(t), h + 16, fmt.usdTick(t, ticks.step), { "text-anchor": "middle" });
-    }
-    text(axis, w / 2, h + 34, "this month's spend (USD)", { class: "axis-label", "text-anchor": "middle" });
+    const { g, x, w, h } = hFrame(svg, rows.length, rowH, top * 1.05, 40, fmt.usdTick, "this month's spend (USD)");
     rows.forEach((r, i) => {
       const y0 = i * rowH + 8;
       const bh = 26;
