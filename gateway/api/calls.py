@@ -26,8 +26,6 @@ from gateway.dispatch import Dispatched
 from gateway.pipeline import Call, Completion, Streamed
 from gateway.types import ChatResponse
 
-log = structlog.get_logger("gateway.api")
-
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
