@@ -50,7 +50,10 @@ import urllib.parse
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = REPO / "bench" / "results" / "gateway_overhead.json"
@@ -1031,13 +1034,16 @@ def _loop_factory() -> Any:
     return uvloop.new_event_loop
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.render:
-        print(markdown(json.loads(args.render.read_text())), end="")
-        return 0
-    resolve_defaults(args)
-    workdir = Path(tempfile.mkdtemp(prefix="crossway-bench-"))
+def run_measurement(
+    name: str,
+    workdir: Path,
+    work: Callable[[Processes], Coroutine[Any, Any, dict[str, Any]]],
+    after: Callable[[], None],
+) -> dict[str, Any] | int:
+    """Run ``work`` on a fresh event loop with the processes it starts, which are always stopped (then ``after``).
+
+    Returns its report, or an exit code when it was interrupted (130) or failed (1, said on stderr).
+    """
     procs = Processes(workdir)
 
     def on_term(signum: int, frame: Any) -> None:
@@ -1046,19 +1052,35 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            report = runner.run(main_async(args, procs))
+            return runner.run(work(procs))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except RuntimeError as exc:
-        print(f"gateway_overhead: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return 1
     finally:
         procs.stop()
+        after()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.render:
+        print(markdown(json.loads(args.render.read_text())), end="")
+        return 0
+    resolve_defaults(args)
+    workdir = Path(tempfile.mkdtemp(prefix="crossway-bench-"))
+
+    def cleanup() -> None:
         if args.keep_workdir:
             print(f"kept {workdir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+    report = run_measurement("gateway_overhead", workdir, lambda procs: main_async(args, procs), cleanup)
+    if isinstance(report, int):
+        return report
     print_report(report)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -26,11 +26,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -50,11 +48,11 @@ from bench.gateway_overhead import (
     Phase,
     Processes,
     Target,
-    _loop_factory,
     clean_env,
     free_port,
     machine_info,
     preflight,
+    run_measurement,
     run_phase,
     start_upstream,
     wait_http,
@@ -283,26 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.rounds = 1
     workdir = Path(tempfile.mkdtemp(prefix="crossway-ledger-bench-"))
-    procs = Processes(workdir)
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            report = runner.run(main_async(args, procs))
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except RuntimeError as exc:
-        print(f"ledger_overhead: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        procs.stop()
+    def cleanup() -> None:
         removed = clean_redis(f"redis://127.0.0.1:6379/{args.redis_db}")
         print(f"removed {removed} counter keys from Redis db {args.redis_db}", file=sys.stderr)
         shutil.rmtree(workdir, ignore_errors=True)
+
+    report = run_measurement("ledger_overhead", workdir, lambda procs: main_async(args, procs), cleanup)
+    if isinstance(report, int):
+        return report
     print_summary(report["summary"])
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
