@@ -1,18 +1,24 @@
-"""Run the real gateway app on a loopback port in a background thread, for end-to-end tests."""
+"""Run the real gateway for end-to-end tests: the app in a background thread, or `crossway serve` as a process."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING
 
+import httpx
 import uvicorn
 
 from gateway.api.app import create_app
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+
     from gateway.settings import Settings
 
 
@@ -47,3 +53,34 @@ class GatewayServer:
         self._server.should_exit = True
         self._thread.join(timeout=10)
         self._sock.close()
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], seconds: float = 30) -> None:
+    """Wait for ``/readyz`` of a `crossway serve` process; fail if it exits or stays unready."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "crossway serve exited early"
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("crossway serve did not become ready")
+
+
+def serve_process(cwd: Path, env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `crossway serve` in ``cwd`` with ``env`` on a free port; return it, ready, and its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    proc = subprocess.Popen(  # noqa: S603 - our own console script, fixed arguments
+        [sys.executable, "-c", "from gateway.cli import main; raise SystemExit(main())", "serve", "--port", str(port)],
+        cwd=cwd,
+        env=dict(env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, proc)
+    return proc, url

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -28,11 +26,12 @@ from sqlalchemy import select
 
 from gateway.store.db import Database
 from gateway.store.models import UsageRow
-from tests.gateway.e2e.conftest import ADMIN_KEY, PROVIDER_KEYS, _free_port
+from tests.gateway.e2e.conftest import ADMIN_KEY, PROVIDER_KEYS
+from tests.gateway.e2e.server import serve_process
 from tests.gateway.e2e.test_policy_replicas import POSTGRES, REDIS_URL, _database
-from tests.gateway.e2e.test_quickstart import _wait_ready
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Iterator
     from pathlib import Path
 
@@ -67,7 +66,6 @@ class Load:
 
 
 def _serve(workdir: Path, database_url: str, redis_url: str | None) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
     env = {
         **os.environ,
         **PROVIDER_KEYS,
@@ -78,16 +76,7 @@ def _serve(workdir: Path, database_url: str, redis_url: str | None) -> tuple[sub
     env.pop("REDIS_URL", None)
     if redis_url is not None:
         env["REDIS_URL"] = redis_url
-    proc = subprocess.Popen(  # noqa: S603 - our own console script, fixed arguments
-        [sys.executable, "-c", "from gateway.cli import main; raise SystemExit(main())", "serve", "--port", str(port)],
-        cwd=workdir,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    _wait_ready(url, proc)
-    return proc, url
+    return serve_process(workdir, env)
 
 
 def _drive(client: openai.OpenAI, load: Load, worker: int) -> None:

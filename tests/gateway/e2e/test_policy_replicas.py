@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -20,10 +18,11 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.e2e.conftest import ADMIN_KEY, PROVIDER_KEYS, _free_port
-from tests.gateway.e2e.test_quickstart import _wait_ready
+from tests.gateway.e2e.conftest import ADMIN_KEY, PROVIDER_KEYS
+from tests.gateway.e2e.server import serve_process
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Iterator
     from pathlib import Path
 
@@ -64,7 +63,6 @@ def shared_database() -> Iterator[str]:
 
 
 def _serve(tmp_path: Path, database_url: str, policy: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
     env = {
         **os.environ,
         **PROVIDER_KEYS,
@@ -74,16 +72,7 @@ def _serve(tmp_path: Path, database_url: str, policy: Path) -> tuple[subprocess.
         "CROSSWAY_ADMIN_KEY": ADMIN_KEY,
         "CROSSWAY_POLICY_POLL_S": "30",  # so that only the Redis announcement can explain a quick switch
     }
-    proc = subprocess.Popen(  # noqa: S603 - our own console script, fixed arguments
-        [sys.executable, "-c", "from gateway.cli import main; raise SystemExit(main())", "serve", "--port", str(port)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    _wait_ready(url, proc)
-    return proc, url
+    return serve_process(tmp_path, env)
 
 
 def test_policy_edit_on_one_replica_takes_effect_on_the_other(

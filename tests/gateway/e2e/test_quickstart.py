@@ -7,32 +7,18 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from typing import TYPE_CHECKING
 
-import httpx
 import msgspec
 import openai
 
 from tests.gateway.e2e.conftest import _free_port
+from tests.gateway.e2e.server import wait_ready
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from tests.fakes.upstream import FakeUpstream
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "crossway serve exited early"
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("crossway serve did not become ready")
 
 
 def test_serve_on_a_fresh_directory_migrates_prints_one_key_and_serves(tmp_path: Path, upstream: FakeUpstream):
@@ -53,7 +39,7 @@ def test_serve_on_a_fresh_directory_migrates_prints_one_key_and_serves(tmp_path:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc)
+        wait_ready(url, proc)
         with openai.OpenAI(base_url=f"{url}/v1", api_key="cw-not-yet", max_retries=0) as bad:
             try:
                 bad.models.list()
@@ -87,7 +73,7 @@ def test_request_logs_carry_request_id_and_never_the_prompt(tmp_path: Path, upst
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc)
+        wait_ready(url, proc)
         # the bootstrap key is on stderr; read it from the database instead of racing the pipe
         key = (
             subprocess.run(
