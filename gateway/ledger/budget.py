@@ -1,10 +1,11 @@
 """Budgets that hold under concurrency: reserve the worst case before the call, settle after.
 
-Owns the per-scope, per-month counters (``spent`` and ``reserved`` in nano-dollars) and the two
+Owns the per-scope, per-month counters (``spent`` and ``reserved`` in nano-dollars), starting them
+and reading them, and, in process (``MemoryCounters``, the embedded default, one replica), the two
 atomic operations on them: ``reserve`` (admit a request's worst-case cost against every hard limit
-that applies, or refuse) and ``settle`` (release the reservation, add the actual cost). The Redis
-implementation does each in one Lua script, so replicas share one budget; the in-process one is
-for the embedded default (one replica). Does not own where limits come from
+that applies, or refuse) and ``settle`` (release the reservation, add the actual cost). With Redis
+(``RedisCounters``, one budget shared by the replicas) the lease script (``gateway.ledger.lease_script``)
+reserves and settles in the hashes named here. Does not own where limits come from
 (``gateway.ledger.limits``) or what a request costs (``gateway.ledger.record``).
 
 Guarantee: a request is admitted only if ``spent + reserved + its reservation <= hard`` for each of
@@ -66,18 +67,6 @@ class BudgetCounters(Protocol):
         """Start the counters at ``spent`` unless another caller started them first."""
         ...
 
-    async def reserve(self, scopes: Sequence[tuple[str, int | None]], period: str, amount: int) -> Refused | None:
-        """Reserve ``amount`` in every scope if none would pass its hard limit (``None``: no limit).
-
-        Returns:
-            ``None`` when reserved in all scopes; else the first scope that refused (nothing reserved).
-        """
-        ...
-
-    async def settle(self, scopes: Sequence[str], period: str, reserved: int, actual: int) -> None:
-        """Release ``reserved`` and add ``actual`` to spent, in every scope."""
-        ...
-
     async def state(self, scope: str, period: str) -> tuple[int, int]:
         """``(spent, reserved)``."""
         ...
@@ -98,9 +87,12 @@ class MemoryCounters:
     async def seed(self, scope: str, period: str, spent: int) -> None:  # noqa: D102
         self._c.setdefault((scope, period), [spent, 0])
 
-    async def reserve(  # noqa: D102
-        self, scopes: Sequence[tuple[str, int | None]], period: str, amount: int
-    ) -> Refused | None:
+    async def reserve(self, scopes: Sequence[tuple[str, int | None]], period: str, amount: int) -> Refused | None:
+        """Reserve ``amount`` in every scope if none would pass its hard limit (``None``: no limit).
+
+        Returns:
+            ``None`` when reserved in all scopes; else the first scope that refused (nothing reserved).
+        """
         for scope, hard in scopes:
             spent, reserved = self._c.setdefault((scope, period), [0, 0])
             if hard is not None and spent + reserved + amount > hard:
@@ -109,7 +101,8 @@ class MemoryCounters:
             self._c[(scope, period)][1] += amount
         return None
 
-    async def settle(self, scopes: Sequence[str], period: str, reserved: int, actual: int) -> None:  # noqa: D102
+    async def settle(self, scopes: Sequence[str], period: str, reserved: int, actual: int) -> None:
+        """Release ``reserved`` and add ``actual`` to spent, in every scope."""
         for scope in scopes:
             c = self._c.setdefault((scope, period), [0, 0])
             c[0] += actual
@@ -119,34 +112,6 @@ class MemoryCounters:
         spent, reserved = self._c.get((scope, period), (0, 0))
         return spent, reserved
 
-
-_RESERVE = """
-local amount = tonumber(ARGV[1])
-for i, key in ipairs(KEYS) do
-  local hard = tonumber(ARGV[i + 2])
-  if hard >= 0 then
-    local spent = tonumber(redis.call('HGET', key, 'spent') or '0')
-    local reserved = tonumber(redis.call('HGET', key, 'reserved') or '0')
-    if spent + reserved + amount > hard then
-      return {i, spent, reserved}
-    end
-  end
-end
-for _, key in ipairs(KEYS) do
-  redis.call('HINCRBY', key, 'reserved', amount)
-  redis.call('EXPIRE', key, ARGV[2])
-end
-return {0, 0, 0}
-"""
-
-_SETTLE = """
-for _, key in ipairs(KEYS) do
-  redis.call('HINCRBY', key, 'reserved', -tonumber(ARGV[1]))
-  redis.call('HINCRBY', key, 'spent', tonumber(ARGV[2]))
-  redis.call('EXPIRE', key, ARGV[3])
-end
-return 1
-"""
 
 _SEED = """
 if redis.call('HSETNX', KEYS[1], 'seeded', 1) == 1 then
@@ -168,14 +133,13 @@ return redis.call('HMGET', KEYS[1], 'spent', 'reserved')
 class RedisCounters:
     """Counters in Redis hashes ``<prefix>:<period>:<scope>``, shared by every replica.
 
-    Each operation is one Lua script, so checks and increments across a request's scopes are atomic.
+    Starting and reading them is one script run each; reservations and settlements are the lease
+    script's (atomic across a request's scopes and rate rules).
     """
 
     def __init__(self, redis: Redis, prefix: str = "crossway:budget") -> None:
         self._redis = redis
         self._prefix = prefix
-        self._reserve = redis.register_script(_RESERVE)
-        self._settle = redis.register_script(_SETTLE)
         self._seed = redis.register_script(_SEED)
         self._state = redis.register_script(_STATE)
 
@@ -193,21 +157,6 @@ class RedisCounters:
 
     async def seed(self, scope: str, period: str, spent: int) -> None:  # noqa: D102
         await self._seed(keys=[self.key(scope, period)], args=[spent, PERIOD_TTL_S])
-
-    async def reserve(  # noqa: D102
-        self, scopes: Sequence[tuple[str, int | None]], period: str, amount: int
-    ) -> Refused | None:
-        keys = [self.key(s, period) for s, _ in scopes]
-        hards = [-1 if h is None else h for _, h in scopes]
-        index, spent, reserved = await self._reserve(keys=keys, args=[amount, PERIOD_TTL_S, *hards])
-        if int(index) == 0:
-            return None
-        scope, hard = scopes[int(index) - 1]
-        return Refused(scope, int(spent), int(reserved), hard or 0)
-
-    async def settle(self, scopes: Sequence[str], period: str, reserved: int, actual: int) -> None:  # noqa: D102
-        if scopes:
-            await self._settle(keys=[self.key(s, period) for s in scopes], args=[reserved, actual, PERIOD_TTL_S])
 
     async def state(self, scope: str, period: str) -> tuple[int, int]:
         """``(spent, reserved)``, after giving back what replicas that stopped renewing their leases held."""

@@ -1,16 +1,14 @@
 """Admission and settlement as single operations over the rate-limit counts and the budget counters.
 
 Owns the one atomic step a request with limits goes through before dispatch (charge every rate rule
-and reserve the worst-case cost in every budget scope, or do neither) and the step after it (release
+and reserve the worst-case cost in every budget scope, or do neither), the step after it (release
 the reservation, add the actual cost, correct the token charge), which takes the settlements of many
-requests at once. With Redis both are one script, registered once and run with ``EVALSHA``: an
-admission is one round trip whatever the number of rules and scopes, and it carries the settlements
-that ended since the previous one (so under load a request costs one round trip in all; when no
-admission comes, settlements go on their own after ``settle_delay_s``). In process, both steps run
-without awaiting and so are atomic on the event loop. ``gateway.ledger.lease`` builds the Redis
-gate that admits from per-replica slices (the default with Redis). Does not own the counters' layout (``gateway.ledger.ratelimit``,
-``gateway.ledger.budget``), what the limits are (``gateway.ledger.limits``) or turning a refusal
-into an error (``gateway.ledger.ledger``).
+requests at once, and the choice of gate for a pair of counters (``gate_for``). In process
+(``MemoryGate``) both steps run without awaiting I/O and so are atomic on the event loop; with Redis,
+``gateway.ledger.lease`` builds the gate, which admits from this replica's slices of the shared
+counters. Does not own the counters' layout (``gateway.ledger.ratelimit``, ``gateway.ledger.budget``),
+what the limits are (``gateway.ledger.limits``) or turning a refusal into an error
+(``gateway.ledger.ledger``).
 """
 
 from __future__ import annotations
@@ -18,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.ledger.budget import PERIOD_TTL_S, RedisCounters, Refused
-from gateway.ledger.ratelimit import WINDOW_S, RedisCounts
+from gateway.ledger.budget import MemoryCounters, RedisCounters
+from gateway.ledger.ratelimit import MemoryCounts, RedisCounts
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from gateway.ledger.budget import BudgetCounters
+    from gateway.ledger.budget import BudgetCounters, Refused
     from gateway.ledger.ratelimit import Ask, Charged, Counts
 
 
@@ -92,31 +90,23 @@ class Gate(Protocol):
         ...
 
 
-class _Remote:
-    """What the gates that decide every admission in their counters share: nothing is decided here."""
+class MemoryGate:
+    """The steps over in-process counters (the embedded default), one counter after the other.
 
-    def admit_now(
-        self, ask: Ask | None, reservation: Reservation | None, settlements: Sequence[Settlement] = ()
-    ) -> tuple[Outcome | None, Sequence[Settlement]]:
-        """Never decided here: the counters decide (``admit``)."""
-        return None, settlements
-
-    async def aclose(self) -> None:
-        """Nothing is held here."""
-
-
-class SplitGate(_Remote):
-    """The steps over any ``Counts`` and ``BudgetCounters``, one after the other.
-
-    Atomic when both are in-process (the embedded default: nothing here awaits I/O). Over Redis,
-    ``RedisGate`` does the same in one script; this class then only serves mixed set-ups (tests).
+    Atomic: nothing here awaits I/O, so no other request runs between the checks and the charges.
     """
 
     settle_delay_s = 0.0
 
-    def __init__(self, counts: Counts, budgets: BudgetCounters) -> None:
+    def __init__(self, counts: MemoryCounts, budgets: MemoryCounters) -> None:
         self._counts = counts
         self._budgets = budgets
+
+    def admit_now(
+        self, ask: Ask | None, reservation: Reservation | None, settlements: Sequence[Settlement] = ()
+    ) -> tuple[Outcome | None, Sequence[Settlement]]:
+        """Never decided here: ``admit`` does it (the counters' methods are coroutines)."""
+        return None, settlements
 
     async def admit(  # noqa: D102
         self, ask: Ask | None, reservation: Reservation | None, settlements: Sequence[Settlement] = ()
@@ -147,164 +137,27 @@ class SplitGate(_Remote):
                 for key in s.charged.token_keys:
                     await self._counts.adjust(key, s.charged.window, delta)
 
-
-# One script does both steps. KEYS: the settlements' keys (per settlement: its budget hashes, then
-# its window's token counts), then the admission's (two per rate rule: this window's count and last
-# window's; then one hash per budget scope). ARGV: settlement keys sk, settlement args sa, the
-# settlement args (budget TTL, rate TTL, then per settlement: budget scopes m, token keys t,
-# reserved, actual, token delta; none when sa is 0), then, to admit, the admission args (weight *
-# 1e6, rate TTL, rules n, n x (limit, cost), amount, budget TTL, one hard limit per scope, -1: none).
-# Settlements are applied first, whatever the admission's outcome. Returns {0, counts..., states...}
-# when admitted (or nothing to admit), {1, counts...} when a rule refused, and {2, counts..., scope
-# index, spent, reserved} when a budget refused.
-_GATE = """
-local sk, sa = tonumber(ARGV[1]), tonumber(ARGV[2])
-local k = 1
-for a = 5, 2 + sa, 5 do
-  local m, t = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local reserved, actual, delta = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  for j = 1, m do
-    redis.call('HINCRBY', KEYS[k], 'reserved', -reserved)
-    redis.call('HINCRBY', KEYS[k], 'spent', actual)
-    redis.call('EXPIRE', KEYS[k], ARGV[3])
-    k = k + 1
-  end
-  for j = 1, t do
-    if delta ~= 0 then
-      redis.call('INCRBY', KEYS[k], delta)
-      redis.call('EXPIRE', KEYS[k], ARGV[4])
-    end
-    k = k + 1
-  end
-end
-local A = 2 + sa
-if #ARGV == A then
-  return {0}
-end
-local w = tonumber(ARGV[A + 1]) / 1000000
-local n = tonumber(ARGV[A + 3])
-local out = {0}
-local ok = true
-for i = 1, n do
-  local cur = tonumber(redis.call('GET', KEYS[sk + 2 * i - 1]) or '0')
-  local prev = tonumber(redis.call('GET', KEYS[sk + 2 * i]) or '0')
-  if prev * w + cur + tonumber(ARGV[A + 2 * i + 3]) > tonumber(ARGV[A + 2 * i + 2]) then ok = false end
-  out[#out + 1] = cur
-  out[#out + 1] = prev
-end
-if not ok then
-  out[1] = 1
-  return out
-end
-local base = A + 2 * n + 3
-local amount = tonumber(ARGV[base + 1])
-local m = #KEYS - sk - 2 * n
-local states = {}
-for j = 1, m do
-  local v = redis.call('HMGET', KEYS[sk + 2 * n + j], 'spent', 'reserved')
-  local spent = tonumber(v[1] or '0')
-  local reserved = tonumber(v[2] or '0')
-  local hard = tonumber(ARGV[base + 2 + j])
-  if hard >= 0 and spent + reserved + amount > hard then
-    out[1] = 2
-    out[#out + 1] = j
-    out[#out + 1] = spent
-    out[#out + 1] = reserved
-    return out
-  end
-  states[j] = {spent, reserved}
-end
-for i = 1, n do
-  redis.call('INCRBY', KEYS[sk + 2 * i - 1], ARGV[A + 2 * i + 3])
-  redis.call('EXPIRE', KEYS[sk + 2 * i - 1], ARGV[A + 2])
-end
-for j = 1, m do
-  redis.call('HINCRBY', KEYS[sk + 2 * n + j], 'reserved', amount)
-  redis.call('EXPIRE', KEYS[sk + 2 * n + j], ARGV[base + 2])
-  out[#out + 1] = states[j][1]
-  out[#out + 1] = states[j][2] + amount
-end
-return out
-"""
+    async def aclose(self) -> None:
+        """Nothing is held here."""
 
 
-class RedisGate(_Remote):
-    """Both steps in one Lua script, over the keys ``RedisCounts`` and ``RedisCounters`` use.
+def gate_for(counts: Counts, budgets: BudgetCounters) -> Gate:
+    """The gate over these counters: both in process, or both in one Redis (per-replica leases).
 
-    An admission carries the settlements that waited for it, so that under load a request costs one
-    round trip in all; a settlement waits for the next admission at most ``settle_delay_s``.
-
-    Args:
-        counts: The rate-limit counts (their key names).
-        budgets: The budget counters (their key names); must share ``counts``' Redis client.
+    Raises:
+        ValueError: one counter is in process and the other in Redis, or they use two Redis clients
+            (``gateway.ledger.build_ledger`` never builds either).
     """
-
-    settle_delay_s = 0.02
-    """How long settlements may wait for an admission to carry them before going alone."""
-
-    def __init__(self, counts: RedisCounts, budgets: RedisCounters) -> None:
-        self._counts = counts
-        self._budgets = budgets
-        self._script = counts.redis.register_script(_GATE)  # registered once; each call is an EVALSHA
-
-    async def admit(self, ask: Ask | None, reservation: Reservation | None, settlements: Sequence[Settlement] = ()) -> Outcome:  # noqa: D102  # fmt: skip
-        keys, args = self._settlements(settlements)
-        n = len(ask.keys) if ask is not None else 0
-        args += [round(ask.weight * 1_000_000) if ask is not None else 0, 3 * WINDOW_S, n]
-        if ask is not None:
-            for key, cost, rule in zip(ask.keys, ask.costs, ask.rules, strict=True):
-                keys += [self._counts.key(key, ask.window), self._counts.key(key, ask.window - 1)]
-                args += [rule.limit, cost]
-        scopes = reservation.scopes if reservation is not None else ()
-        args += [reservation.amount if reservation is not None else 0, PERIOD_TTL_S]
-        if reservation is not None:
-            keys += [self._budgets.key(scope, reservation.period) for scope, _ in scopes]
-            args += [-1 if hard is None else hard for _, hard in scopes]
-        raw = [int(v) for v in await self._script(keys=keys, args=args)]
-        out = Outcome(before=[(raw[1 + 2 * i], raw[2 + 2 * i]) for i in range(n)])
-        rest = raw[1 + 2 * n :]
-        if raw[0] == 1:
-            out.rates_ok = False
-        elif raw[0] == 2:
-            scope, hard = scopes[rest[0] - 1]
-            out.refused = Refused(scope, rest[1], rest[2], hard or 0)
-        else:
-            out.states = [(rest[2 * j], rest[2 * j + 1]) for j in range(len(scopes))]
-        return out
-
-    async def settle(self, settlements: Sequence[Settlement]) -> None:  # noqa: D102
-        keys, args = self._settlements(settlements)
-        if keys:
-            await self._script(keys=keys, args=args)
-
-    def _settlements(self, settlements: Sequence[Settlement]) -> tuple[list[str], list[int]]:
-        """The keys and the header plus arguments of the settlement part (``[sk, sa, ...]``)."""
-        keys: list[str] = []
-        args: list[int] = [PERIOD_TTL_S, 3 * WINDOW_S] if settlements else []
-        for s in settlements:
-            r, c = s.reservation, s.charged
-            budget = [self._budgets.key(scope, r.period) for scope, _ in r.scopes] if r is not None else []
-            tokens = [self._counts.key(k, c.window) for k in c.token_keys] if c is not None else []
-            keys += budget + tokens
-            delta = s.tokens - c.tokens if c is not None else 0
-            args += [len(budget), len(tokens), r.amount if r is not None else 0, s.actual, delta]
-        return keys, [len(keys), len(args), *args]
-
-
-def gate_for(counts: Counts, budgets: BudgetCounters, *, leases: bool = True) -> Gate:
-    """The gate over these counters.
-
-    When both live in the same Redis: per-replica leases (``gateway.ledger.lease``: admission
-    without a round trip while this replica's slices cover it), or with ``leases=False`` one script
-    per step. Otherwise the steps one after the other.
-    """
+    if isinstance(counts, MemoryCounts) and isinstance(budgets, MemoryCounters):
+        return MemoryGate(counts, budgets)
     if isinstance(counts, RedisCounts) and isinstance(budgets, RedisCounters) and counts.redis is budgets.redis:
-        if leases:
-            from gateway.ledger.lease import LeasedGate  # here: lease imports this module
+        from gateway.ledger.lease import LeasedGate  # here: lease imports this module
 
-            return LeasedGate(counts, budgets)
-        return RedisGate(counts, budgets)
-    return SplitGate(counts, budgets)
+        return LeasedGate(counts, budgets)
+    raise ValueError(
+        f"Rate-limit counts ({type(counts).__name__}) and budget counters ({type(budgets).__name__}) must both "
+        "be in process or both in one Redis client."
+    )
 
 
-__all__ = ["Gate", "Outcome", "RedisGate", "Reservation", "Settlement", "SplitGate", "gate_for"]
+__all__ = ["Gate", "MemoryGate", "Outcome", "Reservation", "Settlement", "gate_for"]

@@ -5,7 +5,7 @@ Owns ``LeasedGate``, the gate used when the counters live in Redis. Each replica
 still allows, charged in Redis like requests or reservations of its own; it then admits locally,
 without a round trip, while its slices cover a request, and tops them up in the background before
 they run out. A request that its slices do not cover takes the shortfall (plus a fresh slice) in
-one script run on its path, as ``RedisGate`` would. Settlements are applied to the slices at once
+one script run on its path. Settlements are applied to the slices at once
 and reach Redis in one batched script run shortly after. Does not own the counters' layout
 (``gateway.ledger.ratelimit``, ``gateway.ledger.budget``), the script's (``lease_script``) or
 turning an outcome into an error.

@@ -94,12 +94,10 @@ class Ledger:
         prices: Price versions.
         limits: Per-tenant and per-key limits.
         budgets: Budget counters (Redis or in-process).
-        rates: Rate limiter (Redis or in-process counters).
+        rates: Rate limiter, its counts where ``budgets`` are (both in process or both in one Redis).
         default_max_output_tokens: The output a budgeted request without ``max_tokens`` is reserved
             for, and capped at (so its spend cannot pass its reservation).
         now: Wall clock (UTC), injectable for tests.
-        leases: With Redis counters, admit against per-replica slices (``gateway.ledger.lease``),
-            else one script run per admission.
     """
 
     def __init__(
@@ -113,7 +111,6 @@ class Ledger:
         *,
         default_max_output_tokens: int = 4096,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
-        leases: bool = True,
     ) -> None:
         self.db = db
         self.writer = writer
@@ -121,7 +118,7 @@ class Ledger:
         self.limits = limits
         self.budgets = budgets
         self.rates = rates
-        self.gate = gate_for(rates.counts, budgets, leases=leases)
+        self.gate = gate_for(rates.counts, budgets)
         """Admission and settlement, each one atomic step (with Redis: local while this replica's slices cover it)."""
         self.default_max_output_tokens = default_max_output_tokens
         self._now = now

@@ -4,10 +4,11 @@ Owns the sliding-window counters (this minute's count plus last minute's, weight
 last minute still lies inside the 60 s window; Cloudflare's approximation, exact at window edges and
 within a few percent in between), the atomic check-and-charge over every rule of a request, the
 retry delay of a refusal and the response headers. Tokens are charged at admission as the prompt
-estimate plus the allowed output, then corrected to the actual count when the request ends. The
-Redis implementation does check-and-charge in one Lua script, so replicas share the limits; the
-in-process one serves the embedded default. Does not own where the limits are configured
-(``gateway.ledger.limits``).
+estimate plus the allowed output, then corrected to the actual count when the request ends. In
+process (the embedded default) ``MemoryCounts`` checks and charges; with Redis, the counts live
+under the keys ``RedisCounts`` names, shared by the replicas, and the lease script
+(``gateway.ledger.lease_script``) checks and charges them. Does not own where the limits are
+configured (``gateway.ledger.limits``) or the order of a request's checks (``gateway.ledger.gate``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 from gateway.errors import RateLimited
 
@@ -39,22 +40,6 @@ class Rule:
     limit: int
 
 
-class Counts(Protocol):
-    """Per-minute counters. ``charge`` is atomic over all its checks."""
-
-    async def charge(self, keys: Sequence[str], window: int, weight: float, checks: Sequence[tuple[int, int]]) -> tuple[bool, list[tuple[int, int]]]:  # fmt: skip
-        """Charge ``cost`` to each key's count in ``window`` if every ``(limit, cost)`` check passes.
-
-        Returns:
-            Whether charged, and each key's ``(this window, previous window)`` counts before charging.
-        """
-        ...
-
-    async def adjust(self, key: str, window: int, delta: int) -> None:
-        """Add ``delta`` (may be negative) to a key's count in ``window``."""
-        ...
-
-
 class MemoryCounts:
     """In-process counters (the embedded default); each call runs without awaiting, hence atomically."""
 
@@ -70,7 +55,12 @@ class MemoryCounts:
             c[0], c[1] = window, 0
         return c
 
-    async def charge(self, keys: Sequence[str], window: int, weight: float, checks: Sequence[tuple[int, int]]) -> tuple[bool, list[tuple[int, int]]]:  # noqa: D102  # fmt: skip
+    async def charge(self, keys: Sequence[str], window: int, weight: float, checks: Sequence[tuple[int, int]]) -> tuple[bool, list[tuple[int, int]]]:  # fmt: skip
+        """Charge ``cost`` to each key's count in ``window`` if every ``(limit, cost)`` check passes.
+
+        Returns:
+            Whether charged, and each key's ``(this window, previous window)`` counts before charging.
+        """
         counts = [self._get(k, window) for k in keys]
         before = [(c[1], c[2]) for c in counts]
         ok = all(prev * weight + cur + cost <= limit for (cur, prev), (limit, cost) in zip(before, checks, strict=True))
@@ -79,49 +69,22 @@ class MemoryCounts:
                 c[1] += cost
         return ok, before
 
-    async def adjust(self, key: str, window: int, delta: int) -> None:  # noqa: D102
+    async def adjust(self, key: str, window: int, delta: int) -> None:
+        """Add ``delta`` (may be negative) to a key's count in ``window``."""
         c = self._c.get(key)
         if c is not None and c[0] == window:
             c[1] += delta
 
 
-_CHARGE = """
-local w = tonumber(ARGV[1]) / 1000000
-local n = #KEYS / 2
-local out = {1}
-for i = 1, n do
-  local cur = tonumber(redis.call('GET', KEYS[2 * i - 1]) or '0')
-  local prev = tonumber(redis.call('GET', KEYS[2 * i]) or '0')
-  if prev * w + cur + tonumber(ARGV[2 * i + 2]) > tonumber(ARGV[2 * i + 1]) then out[1] = 0 end
-  out[2 * i] = cur
-  out[2 * i + 1] = prev
-end
-if out[1] == 1 then
-  for i = 1, n do
-    redis.call('INCRBY', KEYS[2 * i - 1], ARGV[2 * i + 2])
-    redis.call('EXPIRE', KEYS[2 * i - 1], ARGV[2])
-  end
-end
-return out
-"""
-
-
 class RedisCounts:
-    """Counters in Redis strings ``<prefix>:<key>:<window>``, shared by every replica."""
+    """Counters in Redis strings ``<prefix>:<key>:<window>``, shared by every replica.
+
+    Names the keys and holds the client; the lease script reads and charges them.
+    """
 
     def __init__(self, redis: Redis, prefix: str = "crossway:rl") -> None:
         self._redis = redis
         self._prefix = prefix
-        self._charge = redis.register_script(_CHARGE)
-
-    async def charge(self, keys: Sequence[str], window: int, weight: float, checks: Sequence[tuple[int, int]]) -> tuple[bool, list[tuple[int, int]]]:  # noqa: D102  # fmt: skip
-        rkeys: list[str] = []
-        args: list[int] = [round(weight * 1_000_000), 3 * WINDOW_S]
-        for key, (limit, cost) in zip(keys, checks, strict=True):
-            rkeys += [self.key(key, window), self.key(key, window - 1)]
-            args += [limit, cost]
-        out = await self._charge(keys=rkeys, args=args)
-        return int(out[0]) == 1, [(int(out[1 + 2 * i]), int(out[2 + 2 * i])) for i in range(len(keys))]
 
     def key(self, key: str, window: int) -> str:
         """The Redis key of ``key``'s count in ``window``."""
@@ -132,9 +95,9 @@ class RedisCounts:
         """The client the counts live behind."""
         return self._redis
 
-    async def adjust(self, key: str, window: int, delta: int) -> None:  # noqa: D102
-        if delta:
-            await self._redis.incrby(self.key(key, window), delta)
+
+Counts = MemoryCounts | RedisCounts
+"""Where the per-minute counts live: in this process, or in Redis."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +175,7 @@ class Ask:
         return 1.0 - self.elapsed / WINDOW_S
 
     def checks(self) -> list[tuple[int, int]]:
-        """``(limit, cost)`` per rule, as ``Counts.charge`` takes them."""
+        """``(limit, cost)`` per rule, as ``MemoryCounts.charge`` takes them."""
         return [(r.limit, c) for r, c in zip(self.rules, self.costs, strict=True)]
 
 
@@ -259,7 +222,7 @@ def verdict(ask: Ask, ok: bool, before: Sequence[tuple[int, int]]) -> Charged:
 
 
 class RateLimiter:
-    """Checks and charges a request against its rules.
+    """Turns a request's rules into an ``Ask`` in the current minute (``gateway.ledger.gate`` charges it).
 
     Args:
         counts: Where the per-minute counts live (``MemoryCounts`` or ``RedisCounts``).
@@ -292,24 +255,6 @@ class RateLimiter:
                     code=f"{rule.kind}_exceed_limit",
                 )
         return Ask(tuple(rules), tuple(f"{r.scope}:{r.kind}" for r in rules), tuple(costs), tokens, window, elapsed)
-
-    async def acquire(self, rules: Sequence[Rule], tokens: int) -> Charged:
-        """Charge one request and ``tokens`` against ``rules``, or refuse it.
-
-        Raises:
-            RateLimited: a rule would be exceeded; ``retry_after`` says when this request would fit,
-                ``None`` when it never can (more tokens than the per-minute limit).
-        """
-        ask = self.ask(rules, tokens)
-        ok, before = await self._counts.charge(ask.keys, ask.window, ask.weight, ask.checks())
-        return verdict(ask, ok, before)
-
-    async def settle(self, charged: Charged, actual_tokens: int) -> None:
-        """Correct the tokens charged at admission to what the request actually used."""
-        delta = actual_tokens - charged.tokens
-        if delta:
-            for key in charged.token_keys:
-                await self._counts.adjust(key, charged.window, delta)
 
 
 def _wait(limit: int, cost: int, cur: int, prev: int, elapsed: float) -> float:

@@ -1,4 +1,4 @@
-"""Ledger fixtures: databases on both back-ends (from the store tests), counters in memory and in the real Redis."""
+"""Ledger fixtures: databases on both back-ends (from the store tests), budget counters in memory and in the real Redis."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from gateway.ledger.budget import MemoryCounters, RedisCounters
-from gateway.ledger.ratelimit import MemoryCounts, RedisCounts
 from gateway.store.keys import Principal
 from gateway.store.migrate import upgrade
 from tests.gateway.e2e.conftest import upstream  # noqa: F401 - the fake vendors, for the reconciliation test
@@ -63,10 +62,3 @@ async def budget_counters(
     """Budget counters, once in process and once in Redis."""
     client, prefix = redis_prefix
     return MemoryCounters() if request.param == "memory" else RedisCounters(client, prefix)
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def rate_counts(request: pytest.FixtureRequest, redis_prefix: tuple[Redis, str]) -> MemoryCounts | RedisCounts:
-    """Rate-limit counters, once in process and once in Redis."""
-    client, prefix = redis_prefix
-    return MemoryCounts() if request.param == "memory" else RedisCounts(client, prefix)

@@ -9,7 +9,8 @@ import pytest
 
 from gateway.errors import BudgetExceeded
 from gateway.ledger import Limits
-from gateway.ledger.budget import period_of
+from gateway.ledger.budget import MemoryCounters, RedisCounters, period_of
+from gateway.ledger.ratelimit import RedisCounts
 from gateway.policy import Plan, Price, Target
 from gateway.types import Usage
 from tests.gateway.ledger.conftest import ACME
@@ -20,8 +21,8 @@ PLAN = Plan("gpt-test", (Target("openai", "gpt-4o-mini", price=PRICE),))
 WORST = (1000 * 1.0 + 1000 * 2.0) * 1000  # nano-dollars for 1000 prompt + 1000 output tokens
 
 
-async def test_counters_reserve_refuses_past_hard_limit_and_settle_moves_reserved_to_spent(budget_counters) -> None:
-    c = budget_counters
+async def test_counters_reserve_refuses_past_hard_limit_and_settle_moves_reserved_to_spent() -> None:
+    c = MemoryCounters()  # with Redis the lease script reserves and settles (test_gate, test_lease)
     assert await c.reserve([("t:a", 100)], "2026-11", 60) is None
     refused = await c.reserve([("t:a", 100)], "2026-11", 60)
     assert refused is not None
@@ -31,8 +32,8 @@ async def test_counters_reserve_refuses_past_hard_limit_and_settle_moves_reserve
     assert await c.reserve([("t:a", 100)], "2026-11", 60) is None
 
 
-async def test_counters_reserve_all_scopes_or_none(budget_counters) -> None:
-    c = budget_counters
+async def test_counters_reserve_all_scopes_or_none() -> None:
+    c = MemoryCounters()
     refused = await c.reserve([("t:a", 1000), ("k:1", 50)], "2026-11", 60)
     assert refused is not None
     assert refused.scope == "k:1"
@@ -106,9 +107,11 @@ async def test_budget_counters_start_from_the_months_spend_in_the_database(sqlit
     await ledger.aclose()
 
 
-async def test_budget_race_never_overspends_and_never_charges_twice(sqlite_db, budget_counters) -> None:
-    """200 concurrent requests against a budget that admits 50 worst cases at once."""
-    ledger = make_ledger(sqlite_db, budgets=budget_counters)
+async def test_budget_race_never_overspends_and_never_charges_twice(sqlite_db, budget_counters, redis_prefix) -> None:
+    """200 concurrent requests against a budget that admits 50 worst cases at once (with Redis: from leases)."""
+    client, prefix = redis_prefix
+    counts = RedisCounts(client, f"{prefix}:rl") if isinstance(budget_counters, RedisCounters) else None
+    ledger = make_ledger(sqlite_db, budgets=budget_counters, counts=counts)
     await ledger.start()
     hard = round(50 * WORST)
     await ledger.limits.put(Limits("acme", budget_hard_usd=hard / 1e9))

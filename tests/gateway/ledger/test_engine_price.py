@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.ledger.prices import PriceBook
-from gateway.ledger.throughput import Throughput, busy_seconds, engine_token_price
+from gateway.ledger.throughput import BusyTime, Served, Throughput, busy_seconds, engine_token_price
 from gateway.policy import Price, ProviderConfig, Target
 from gateway.store.db import Database
 from tests.gateway.e2e.conftest import start_gateway
@@ -45,6 +48,74 @@ def test_throughput_forgets_requests_older_than_its_window() -> None:
     meter.observe("e", 0.0, 1.0, 1000)
     meter.observe("e", 20.0, 22.0, 10)
     assert meter.tokens_per_s("e") == pytest.approx(5.0)
+
+
+class _Recomputed:
+    """The throughput as first written: the window's union recomputed (sorted) for every price."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.served: deque[Served] = deque()
+
+    def observe(self, start: float, end: float, tokens: int) -> None:
+        if tokens <= 0 or end <= start:
+            return
+        self.served.append(Served(start, end, tokens))
+        while self.served and self.served[0].end < end - self.window_s:
+            self.served.popleft()
+
+    def tokens_per_s(self) -> float | None:
+        if not self.served:
+            return None
+        busy = busy_seconds((s.start, s.end) for s in self.served)
+        return sum(s.tokens for s in self.served) / busy if busy > 0 else None
+
+
+# Ends mostly move forward (by 0 to 4 s, on a half-second grid so that intervals touch and tie, or
+# by any float), sometimes back (a request reported late); lengths up to past the 10 s window.
+_STEP = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.5, 4.0]), st.floats(0.0, 4.0))
+_BACK = st.one_of(st.just(0.0), st.just(0.0), st.floats(0.0, 12.0), st.sampled_from([0.5, 3.0, 11.0]))
+_LENGTH = st.one_of(st.sampled_from([0.5, 1.0, 3.0, 10.0, 14.0]), st.floats(0.0, 14.0))
+_REQUESTS = st.lists(st.tuples(_STEP, _BACK, _LENGTH, st.integers(0, 50)), max_size=120)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_REQUESTS)
+def test_throughput_kept_incrementally_equals_the_window_recomputed(requests) -> None:
+    """Late, overlapping, touching and expiring intervals: every price reads what a full recount gives."""
+    meter, recount = Throughput(window_s=10.0), _Recomputed(10.0)
+    now = 1000.0
+    for step, back, length, tokens in requests:
+        now += step
+        end = now - back
+        meter.observe("e", end - length, end, tokens)
+        recount.observe(end - length, end, tokens)
+        expected = recount.tokens_per_s()
+        assert meter.tokens_per_s("e") == (pytest.approx(expected, rel=1e-9) if expected is not None else None)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_REQUESTS)
+def test_busy_time_is_the_union_of_the_requests_it_holds(requests) -> None:
+    busy = BusyTime()
+    now = 1000.0
+    for step, back, length, tokens in requests:
+        now += step
+        end = now - back
+        if length > 0:
+            busy.add(end - length, end, tokens)
+        busy.expire(now - 10.0)
+        assert busy.seconds == pytest.approx(busy_seconds((s.start, s.end) for s in busy.served), rel=1e-9, abs=1e-9)
+        assert busy.tokens == sum(s.tokens for s in busy.served)
+
+
+def test_busy_time_keeps_what_a_later_request_still_covers_of_one_that_left() -> None:
+    busy = BusyTime()
+    busy.add(0.0, 100.0, 1)
+    busy.add(50.0, 400.0, 1)  # overlaps the first: one busy stretch [0, 400]
+    busy.expire(101.0)  # the first leaves; [50, 100] was the second's too
+    assert busy.seconds == 350.0
+    assert [s.start for s in busy.served] == [50.0]
 
 
 def test_engine_token_price_is_gpu_dollars_per_second_over_tokens_per_second() -> None:

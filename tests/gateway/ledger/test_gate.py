@@ -7,16 +7,17 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+from redis.asyncio import Redis
 
 from gateway.errors import BudgetExceeded, RateLimited
 from gateway.ledger import Limits
 from gateway.ledger.budget import MemoryCounters, RedisCounters, period_of
-from gateway.ledger.gate import RedisGate, Reservation, Settlement, SplitGate, gate_for
+from gateway.ledger.gate import MemoryGate, Reservation, Settlement, gate_for
 from gateway.ledger.lease import LeasedGate
 from gateway.ledger.ratelimit import MemoryCounts, RateLimiter, RedisCounts, Rule, verdict
 from gateway.policy import Plan, Price, Target
 from gateway.types import Usage
-from tests.gateway.ledger.conftest import ACME
+from tests.gateway.ledger.conftest import ACME, REDIS_URL
 from tests.gateway.ledger.helpers import make_ledger
 
 T0 = 1_800_000_000.0 + 6  # 6 s into a minute
@@ -28,22 +29,36 @@ def _clock() -> float:
 
 
 @pytest.fixture(params=["memory", "redis"])
-def parts(request: pytest.FixtureRequest, redis_prefix):
-    """(counts, budgets, gate): in process, or both in the real Redis under one script each."""
+async def parts(request: pytest.FixtureRequest, redis_prefix):
+    """(counts, budgets, gate): in process, or both in the real Redis behind this replica's leases.
+
+    Where a test reads the counters themselves, it closes the gate first: a lease gate then gives
+    its unused slices back and sends its waiting settlements (a memory gate holds nothing).
+    """
     client, prefix = redis_prefix
     if request.param == "memory":
         counts, budgets = MemoryCounts(), MemoryCounters()
     else:
         counts, budgets = RedisCounts(client, f"{prefix}:rl"), RedisCounters(client, f"{prefix}:budget")
-    return counts, budgets, gate_for(counts, budgets, leases=False)
+    gate = gate_for(counts, budgets)
+    yield counts, budgets, gate
+    await gate.aclose()  # a second close gives back nothing more
 
 
-def test_gate_for_uses_leases_or_one_script_only_when_both_counters_share_a_redis(redis_prefix) -> None:
+async def test_gate_for_admits_in_process_or_from_leases_and_refuses_mixed_counters(redis_prefix) -> None:
     client, prefix = redis_prefix
+    assert isinstance(gate_for(MemoryCounts(), MemoryCounters()), MemoryGate)
     assert isinstance(gate_for(RedisCounts(client, prefix), RedisCounters(client, prefix)), LeasedGate)
-    assert isinstance(gate_for(RedisCounts(client, prefix), RedisCounters(client, prefix), leases=False), RedisGate)
-    assert isinstance(gate_for(MemoryCounts(), RedisCounters(client, prefix)), SplitGate)
-    assert isinstance(gate_for(MemoryCounts(), MemoryCounters()), SplitGate)
+    with pytest.raises(ValueError, match="must both be in process or both in one Redis"):
+        gate_for(MemoryCounts(), RedisCounters(client, prefix))
+    with pytest.raises(ValueError, match="must both be in process or both in one Redis"):
+        gate_for(RedisCounts(client, prefix), MemoryCounters())
+    other = Redis.from_url(REDIS_URL)
+    try:
+        with pytest.raises(ValueError, match="must both be in process or both in one Redis"):
+            gate_for(RedisCounts(client, prefix), RedisCounters(other, prefix))
+    finally:
+        await other.aclose()
 
 
 async def test_gate_admits_charging_every_rule_and_reserving_every_scope(parts) -> None:
@@ -59,6 +74,7 @@ async def test_gate_admits_charging_every_rule_and_reserving_every_scope(parts) 
     charged = verdict(ask, outcome.rates_ok, outcome.before)
     assert charged.headers()["x-ratelimit-remaining-requests"] == "1"  # the key's rule is the tightest
     assert charged.headers()["x-ratelimit-remaining-tokens"] == "700"
+    await gate.aclose()
     assert await budgets.state("t:a", PERIOD) == (0, 700)
     assert await budgets.state("k:1", PERIOD) == (0, 700)
 
@@ -101,39 +117,12 @@ async def test_gate_settle_moves_reserved_to_spent_and_corrects_tokens(parts) ->
     ask = limiter.ask(rules, 800)
     outcome = await gate.admit(ask, reservation)
     await gate.settle([Settlement(verdict(ask, outcome.rates_ok, outcome.before), 120, reservation, 333)])
-    assert await budgets.state("t:a", PERIOD) == (333, 0)
     assert (await gate.admit(limiter.ask(rules, 0), None)).before == [(120, 0)]
+    await gate.aclose()
+    assert await budgets.state("t:a", PERIOD) == (333, 0)
 
 
-async def test_redis_gate_admits_and_settles_in_one_round_trip_each(redis_prefix) -> None:
-    client, prefix = redis_prefix
-    counts, budgets = RedisCounts(client, f"{prefix}:rl"), RedisCounters(client, f"{prefix}:budget")
-    gate = RedisGate(counts, budgets)
-    limiter = RateLimiter(counts, _clock)
-    rules = [Rule(s, k, 10_000) for s in ("t:a", "k:1") for k in ("requests", "tokens")]  # type: ignore[arg-type]
-    reservation = Reservation((("t:a", 10**9), ("k:1", 10**9)), PERIOD, 500)
-    await gate.admit(limiter.ask(rules, 10), reservation)  # loads the script once
-    sent: list[str] = []
-    execute = client.execute_command
-
-    async def counting(*args, **kwargs):
-        sent.append(str(args[0]))
-        return await execute(*args, **kwargs)
-
-    client.execute_command = counting  # type: ignore[method-assign]
-    try:
-        ask = limiter.ask(rules, 10)
-        outcome = await gate.admit(ask, reservation)
-        assert sent == ["EVALSHA"]
-        await gate.settle([Settlement(verdict(ask, outcome.rates_ok, outcome.before), 4, reservation, 100)])
-        assert sent == ["EVALSHA", "EVALSHA"]
-    finally:
-        del client.execute_command
-    assert await budgets.state("t:a", PERIOD) == (100, 500)  # the first admission is still reserved
-
-
-@pytest.mark.parametrize("leases", [True, False])
-async def test_ledger_over_redis_races_within_budget_and_rate_limits(sqlite_db, redis_prefix, leases) -> None:
+async def test_ledger_over_redis_races_within_budget_and_rate_limits(sqlite_db, redis_prefix) -> None:
     """100 concurrent requests against an RPM of 30 and a budget of 50 worst cases, all in one Redis."""
     client, prefix = redis_prefix
     ledger = make_ledger(
@@ -141,9 +130,8 @@ async def test_ledger_over_redis_races_within_budget_and_rate_limits(sqlite_db, 
         budgets=RedisCounters(client, f"{prefix}:budget"),
         counts=RedisCounts(client, f"{prefix}:rl"),
         rate_clock=_clock,
-        leases=leases,
     )
-    assert isinstance(ledger.gate, LeasedGate if leases else RedisGate)
+    assert isinstance(ledger.gate, LeasedGate)
     await ledger.start()
     price = Price(input=1.0, output=2.0)
     plan = Plan("gpt-test", (Target("openai", "gpt-4o-mini", price=price),))
@@ -174,7 +162,7 @@ async def test_ledger_over_redis_races_within_budget_and_rate_limits(sqlite_db, 
     assert (spent, reserved) == (30 * worst, 0)
 
 
-async def test_gate_settles_many_requests_in_one_step(parts, redis_prefix) -> None:
+async def test_gate_settles_many_requests_in_one_step(parts) -> None:
     counts, budgets, gate = parts
     limiter = RateLimiter(counts, _clock)
     settlements = []
@@ -183,113 +171,10 @@ async def test_gate_settles_many_requests_in_one_step(parts, redis_prefix) -> No
         ask = limiter.ask([Rule(scope, "tokens", 1000)], 200)
         outcome = await gate.admit(ask, reservation)
         settlements.append(Settlement(verdict(ask, outcome.rates_ok, outcome.before), tokens, reservation, actual))
-    client, _ = redis_prefix
-    sent: list[str] = []
-    execute = client.execute_command
-
-    async def counting(*args, **kwargs):
-        sent.append(str(args[0]))
-        return await execute(*args, **kwargs)
-
-    client.execute_command = counting  # type: ignore[method-assign]
-    try:
-        await gate.settle(settlements)
-    finally:
-        del client.execute_command
-    assert sent == (["EVALSHA"] if isinstance(gate, RedisGate) else [])
+    await gate.settle(settlements)
+    assert (await gate.admit(limiter.ask([Rule("t:a", "tokens", 1000)], 0), None)).before == [(30, 0)]
+    assert (await gate.admit(limiter.ask([Rule("t:b", "tokens", 1000)], 0), None)).before == [(5, 0)]
+    await gate.aclose()
     assert await budgets.state("t:a", PERIOD) == (100, 0)
     assert await budgets.state("t:b", PERIOD) == (40, 0)
     assert await budgets.state("k:9", PERIOD) == (140, 0)  # the key scope of all three
-    assert (await gate.admit(limiter.ask([Rule("t:a", "tokens", 1000)], 0), None)).before == [(30, 0)]
-    assert (await gate.admit(limiter.ask([Rule("t:b", "tokens", 1000)], 0), None)).before == [(5, 0)]
-
-
-def _counting(client):
-    sent: list[str] = []
-    execute = client.execute_command
-
-    async def counting(*args, **kwargs):
-        sent.append(str(args[0]))
-        return await execute(*args, **kwargs)
-
-    client.execute_command = counting  # type: ignore[method-assign]
-    return sent
-
-
-async def _redis_ledger(sqlite_db, redis_prefix):
-    client, prefix = redis_prefix
-    ledger = make_ledger(
-        sqlite_db,
-        budgets=RedisCounters(client, f"{prefix}:budget"),
-        counts=RedisCounts(client, f"{prefix}:rl"),
-        leases=False,  # these tests are about the one-script gate's round trips
-    )
-    await ledger.start()
-    await ledger.limits.put(Limits("acme", rpm=1000, tpm=100_000, budget_hard_usd=1.0))
-    return ledger
-
-
-PRICED = Plan("gpt-test", (Target("openai", "gpt-4o-mini", price=Price(input=1.0, output=2.0)),))
-
-
-async def _admit(ledger, rid: str):
-    return await ledger.admit(
-        ACME, PRICED, request_id=rid, endpoint="chat.completions", started=time.perf_counter(),
-        streamed=False, input_tokens=lambda: 100, max_output_tokens=100,
-    )  # fmt: skip
-
-
-async def test_next_admission_carries_the_settlement_in_its_one_round_trip(sqlite_db, redis_prefix) -> None:
-    client, _ = redis_prefix
-    ledger = await _redis_ledger(sqlite_db, redis_prefix)
-    period = period_of(datetime.now(UTC))
-    first, _ = await _admit(ledger, "a")
-    ledger.finish(first, target=PRICED.targets[0], status=200, usage=Usage(100, 10))
-    sent = _counting(client)
-    try:
-        await _admit(ledger, "b")  # settles "a" and admits "b" in one script run
-        assert sent == ["EVALSHA"]
-        spent, reserved = await ledger.budgets.state("t:acme", period)
-    finally:
-        del client.execute_command
-    assert spent == round((100 * 1.0 + 10 * 2.0) * 1000)  # "a" is settled at its actual cost
-    assert reserved == round((100 * 1.0 + 100 * 2.0) * 1000)  # only "b" still holds a reservation
-    await ledger.aclose()
-    assert await ledger.budgets.state("t:acme", period) == (spent, reserved)  # "b" never finished
-
-
-async def test_settlement_goes_alone_when_no_admission_comes(sqlite_db, redis_prefix) -> None:
-    ledger = await _redis_ledger(sqlite_db, redis_prefix)
-    period = period_of(datetime.now(UTC))
-    admission, _ = await _admit(ledger, "a")
-    ledger.finish(admission, target=PRICED.targets[0], status=200, usage=Usage(100, 10))
-    await asyncio.sleep(RedisGate.settle_delay_s * 5)
-    assert await ledger.budgets.state("t:acme", period) == (((100 + 20) * 1000), 0)
-    await ledger.aclose()
-
-
-async def test_admission_cancelled_mid_step_gives_back_what_it_charged(sqlite_db, redis_prefix) -> None:
-    ledger = await _redis_ledger(sqlite_db, redis_prefix)
-    period = period_of(datetime.now(UTC))
-    await _admit(ledger, "warm")  # seeds the counters; "warm" keeps its reservation
-    held = await ledger.budgets.state("t:acme", period)
-    started = asyncio.Event()
-    admit = ledger.gate.admit
-
-    async def signalling(*args):
-        started.set()
-        return await admit(*args)
-
-    ledger.gate.admit = signalling
-    task = asyncio.create_task(_admit(ledger, "gone"))
-    await started.wait()  # the step is on its way to Redis
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await asyncio.sleep(RedisGate.settle_delay_s * 5)
-    assert await ledger.budgets.state("t:acme", period) == held  # its reservation was released
-    ledger.gate.admit = admit
-    second, _ = await _admit(ledger, "after")
-    assert second.charged is not None
-    assert second.charged.headers()["x-ratelimit-remaining-requests"] == str(1000 - 3)  # warm, gone, after
-    await ledger.aclose()
