@@ -6,6 +6,7 @@ prompt cold vs with its system prompt in the prefix cache, and the quality of ea
 median of ``--repeats`` runs; the whole run stays within a few minutes on 2 cores.
 
     python -m bench.engine_cpu --repeats 3 --json bench/results/engine_cpu.json
+    python -m bench.engine_cpu --modes int4 --interleave 7   # batch-1 decode only, HF and ours alternating
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +26,9 @@ from selfhost.engine import LLMEngine
 from selfhost.fetch import resolve_model
 from selfhost.models.ops import build_attention_metadata
 from selfhost.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 QUALITY_TEXT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
@@ -73,7 +78,7 @@ def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
 
 def bench_engine(mode: Quantization, args: argparse.Namespace) -> tuple[dict[str, float], torch.Tensor, list[int]]:
     cfg = EngineConfig(
-        dtype="float32", quantization=mode, max_num_batched_tokens=1024, num_kv_blocks=512, num_threads=2
+        dtype="float32", quantization=mode, max_num_batched_tokens=1024, num_kv_blocks=512, num_threads=args.threads
     )
     engine = LLMEngine.from_model("smollm2", cfg)
     tok = engine.tokenizer
@@ -100,25 +105,89 @@ def bench_engine(mode: Quantization, args: argparse.Namespace) -> tuple[dict[str
     return result, logits, ids
 
 
-def bench_hf(args: argparse.Namespace, prompt: list[int]) -> float:
+def load_hf() -> torch.nn.Module:
+    """HF transformers' SmolLM2 from the same GGUF file, fp32, eager."""
     from transformers import AutoModelForCausalLM
 
     gguf = resolve_model("smollm2")
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    hf: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    return hf.eval()
+
+
+def hf_decode_rate(hf: torch.nn.Module, prompt: list[int], n: int) -> float:
+    """HF's batch-1 greedy decode tok/s after the first token: ``model(next_token, past_key_values=...)`` by hand."""
     ids = torch.tensor([prompt])
-    rates = []
     with torch.inference_mode():
-        hf.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=2)  # warm up
-        for _ in range(args.repeats):
-            out = hf(ids, use_cache=True)
+        out = hf(ids, use_cache=True)
+        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        start = time.perf_counter()
+        for _ in range(n):
+            out = hf(nxt, past_key_values=past, use_cache=True)
             past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            start = time.perf_counter()
-            for _ in range(args.tokens):
-                out = hf(nxt, past_key_values=past, use_cache=True)
-                past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            rates.append(args.tokens / (time.perf_counter() - start))
+        return n / (time.perf_counter() - start)
+
+
+def bench_hf(args: argparse.Namespace, prompt: list[int]) -> float:
+    hf = load_hf()
+    hf_decode_rate(hf, prompt, 4)  # warm up
+    rates = [hf_decode_rate(hf, prompt, args.tokens) for _ in range(args.repeats)]
     print(f"  HF eager bs1: {[round(x, 1) for x in rates]}", flush=True)
     return statistics.median(rates)
+
+
+def timed(fn: Callable[[], float]) -> tuple[float, float]:
+    """``fn()``'s tok/s and the process CPU seconds it took."""
+    cpu = time.process_time()
+    rate = fn()
+    return rate, time.process_time() - cpu
+
+
+def interleave(args: argparse.Namespace, modes: list[Quantization]) -> None:
+    """Batch-1 decode of HF eager and each engine mode in turn, ``args.interleave`` rounds in one process.
+
+    Load moves on a shared machine; alternating the contenders round by round exposes each to the
+    same load, so the per-round ratio is the figure to read. CPU time per token is reported too
+    (it moves less with load than wall time does).
+    """
+    engines: dict[str, LLMEngine] = {}
+    for mode in modes:
+        cfg = EngineConfig(dtype="float32", quantization=mode, num_kv_blocks=64, num_threads=args.threads)
+        engines[mode] = LLMEngine.from_model("smollm2", cfg)
+    hf = load_hf()
+    tok = next(iter(engines.values())).tokenizer
+    assert tok is not None
+    prompt = tok.encode_chat([{"role": "user", "content": "Tell me story number 0 about a dragon."}])
+    runners: dict[str, Callable[[], float]] = {"hf": lambda: hf_decode_rate(hf, prompt, args.tokens)}
+    for name, engine in engines.items():
+        runners[name] = lambda engine=engine: decode_rate(engine, [prompt], args.tokens)  # type: ignore[misc]
+    for run in runners.values():
+        run()  # warm up
+    rates: dict[str, list[float]] = {name: [] for name in runners}
+    cpu_ms: dict[str, list[float]] = {name: [] for name in runners}
+    print(f"threads {torch.get_num_threads()}; {args.tokens} decode tokens per run; load average {_loadavg()}")
+    for r in range(args.interleave):
+        for name, run in runners.items():
+            rate, cpu = timed(run)
+            rates[name].append(rate)
+            cpu_ms[name].append(cpu / args.tokens * 1e3)
+        print(f"  round {r + 1}: " + "  ".join(f"{n} {rates[n][-1]:.1f} tok/s" for n in runners), flush=True)
+    print(f"load average at the end {_loadavg()}")
+    print(f"{'engine':8} {'tok/s median':>12} {'x HF (median of rounds)':>24} {'CPU ms/token':>13} {'x HF CPU':>9}")
+    hf_cpu = statistics.median(cpu_ms["hf"])
+    for name in runners:
+        ratio = statistics.median(a / b for a, b in zip(rates[name], rates["hf"], strict=True))
+        cpu = statistics.median(cpu_ms[name])
+        print(f"{name:8} {statistics.median(rates[name]):12.1f} {ratio:24.2f} {cpu:13.2f} {hf_cpu / cpu:9.2f}")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"threads": args.threads, "rates": rates, "cpu_ms_per_token": cpu_ms}, indent=2)
+        )
+
+
+def _loadavg() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
 
 
 def main() -> None:
@@ -127,9 +196,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs per figure; medians are reported")
     ap.add_argument("--modes", default="none,int8,int4", help="comma-separated quantizations to run")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (the engine's and HF's)")
+    ap.add_argument(
+        "--interleave", type=int, default=0, help="only batch-1 decode: HF and each mode in turn, this many rounds"
+    )
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     modes: list[Quantization] = [m for m in ("none", "int8", "int4") if m in args.modes.split(",")]
+    if args.interleave:
+        interleave(args, modes)
+        return
     results: dict[str, dict[str, float]] = {}
     ref_logits = None
     for mode in modes:
@@ -151,9 +227,9 @@ def main() -> None:
         f"{'weights':8} {'MB':>6} {'bs1 tok/s':>10} {'xHF':>5} {'bs16 tok/s':>11} {'xHF1':>5} "
         f"{'TTFT cold ms':>13} {'hit ms':>7} {'ratio':>6} {'ppl':>6} {'top1=fp32':>9}"
     )
-    for mode, r in results.items():
+    for name, r in results.items():
         print(
-            f"{mode:8} {r['weight_mb']:6.0f} {r['bs1']:10.1f} {r['bs1'] / hf1:5.2f} {r['bs16']:11.1f} {r['bs16'] / hf1:5.2f} "
+            f"{name:8} {r['weight_mb']:6.0f} {r['bs1']:10.1f} {r['bs1'] / hf1:5.2f} {r['bs16']:11.1f} {r['bs16'] / hf1:5.2f} "
             f"{r['cold'] * 1e3:13.0f} {r['hit'] * 1e3:7.0f} {r['cold'] / r['hit']:6.1f} {r['perplexity']:6.2f} "
             f"{r.get('top1_agree_fp32', float('nan')):9.3f}"
         )

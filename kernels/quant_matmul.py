@@ -103,12 +103,12 @@ if triton is not None:
                     wd = w.to(tl.float32) if DOT_F32 else w.to(x.dtype)
                 else:
                     # one group per step (BLOCK_K divides G); w = q s = 256 s f - 384 s with f as above
-                    sg = tl.load(s_ptr + rn * ss_n + k0 // G, mask=nmask, other=0.0).to(tl.float32)[:, None]
+                    sg = tl.load(s_ptr + rn * ss_n + k0 // G, mask=nmask & (k0 < K), other=0.0).to(tl.float32)[:, None]
                     f = ((((w.to(tl.int32) << 15) ^ 0x400000) & 0x7F8000) | 0x3F800000).to(tl.float32, bitcast=True)
                     wd = f * (256.0 * sg) - 384.0 * sg
                     wd = wd if DOT_F32 else wd.to(x.dtype)
                 if DOT_F32:
-                    acc += tl.dot(x.to(tl.float32), tl.trans(wd))
+                    acc += tl.dot(x.to(tl.float32), tl.trans(wd), input_precision="ieee")  # not tf32
                 else:
                     acc += tl.dot(x, tl.trans(wd))
         if G == 0:
@@ -193,10 +193,13 @@ if triton is not None:
                 b = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
                 b = b.to(tl.int32)
                 g_off = rn * ss_n + k0 // G  # one group per step and half: BLOCK_K divides G
-                s_lo = tl.load(s_ptr + g_off, mask=nmask, other=0.0).to(tl.float32)[:, None]
-                z_lo = tl.load(z_ptr + g_off, mask=nmask, other=0.0).to(tl.float32)[:, None]
-                s_hi = tl.load(s_ptr + g_off + HI_GROUPS, mask=nmask, other=0.0).to(tl.float32)[:, None]
-                z_hi = tl.load(z_ptr + g_off + HI_GROUPS, mask=nmask, other=0.0).to(tl.float32)[:, None]
+                # NOTE(h7): a last split's steps past K read no scale: one out of bounds may hold a
+                # NaN, and NaN * (x = 0) poisons the whole row (seen on the H100 with GGUF weights)
+                gmask = nmask & (k0 < K2)
+                s_lo = tl.load(s_ptr + g_off, mask=gmask, other=0.0).to(tl.float32)[:, None]
+                z_lo = tl.load(z_ptr + g_off, mask=gmask, other=0.0).to(tl.float32)[:, None]
+                s_hi = tl.load(s_ptr + g_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)[:, None]
+                z_hi = tl.load(z_ptr + g_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)[:, None]
                 xmask = mmask[:, None] & kmask[None, :]
                 x_lo = _load_x(x_ptr + rm[:, None] * sx_m + rk[None, :], xmask, 2 * K2, GATED)
                 x_hi = _load_x(x_ptr + rm[:, None] * sx_m + K2 + rk[None, :], xmask, 2 * K2, GATED)
@@ -206,8 +209,8 @@ if triton is not None:
                 w_lo = f_lo * (16.0 * s_lo) + (z_lo - 24.0 * s_lo)  # (BLOCK_N, BLOCK_K)
                 w_hi = f_hi * (16.0 * s_hi) + (z_hi - 24.0 * s_hi)
                 if DOT_F32:
-                    acc += tl.dot(x_lo.to(tl.float32), tl.trans(w_lo))
-                    acc += tl.dot(x_hi.to(tl.float32), tl.trans(w_hi))
+                    acc += tl.dot(x_lo.to(tl.float32), tl.trans(w_lo), input_precision="ieee")  # not tf32
+                    acc += tl.dot(x_hi.to(tl.float32), tl.trans(w_hi), input_precision="ieee")
                 else:
                     acc += tl.dot(x_lo, tl.trans(w_lo.to(x_lo.dtype)))
                     acc += tl.dot(x_hi, tl.trans(w_hi.to(x_hi.dtype)))

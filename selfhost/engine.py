@@ -180,16 +180,14 @@ class LLMEngine:
         sampled = sample(logits, sampling)
         self.scheduler.update(batch, {r.request_id: t for r, t in zip(sampling, sampled.token_ids, strict=True)})
         self.metrics.on_step(batch, len(sampling), time.perf_counter() - started)
-        outputs = []
-        for request, token_id, logprobs in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True):
+        outputs = self.outputs.process_step(sampling, sampled.token_ids, sampled.logprobs)
+        for request, out in zip(sampling, outputs, strict=True):
             if request.num_output_tokens == 1:
                 self.metrics.on_first_token(request)
-            out = self.outputs.process(request, token_id, logprobs)
             if out.finished:
                 if not request.status.finished:  # a stop string ended it
                     self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
                 self.metrics.on_finish(request)
-            outputs.append(out)
         return outputs
 
     def metrics_snapshot(self) -> MetricsSnapshot:

@@ -197,8 +197,10 @@ class KVCacheManager:
     def _cache_full_blocks(self, request: Request, table: list[KVBlock], num_tokens: int) -> None:
         # NOTE(crossway): blocks are indexed when scheduled, before their KV is written. A request
         # hitting them in the same step is safe: every layer writes all new K/V before attending.
-        hashes = request.update_block_hashes(self.block_size)
         start = self._num_hashed.get(request.request_id, 0)
+        if num_tokens // self.block_size <= start:
+            return  # no block filled up since the last call: most decode steps of every request
+        hashes = request.update_block_hashes(self.block_size)
         end = min(num_tokens // self.block_size, len(hashes))
         for i in range(start, end):
             self.pool.cache(table[i], hashes[i])

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from selfhost.request import FinishReason, Request
     from selfhost.sampling import TokenLogprobs
     from selfhost.tokenizer import Tokenizer
@@ -64,54 +66,74 @@ class OutputProcessor:
         """Stop tracking (idempotent)."""
         self._states.pop(request_id, None)
 
-    def process(self, request: Request, token_id: int, logprobs: TokenLogprobs | None) -> RequestOutput:
-        """Account one new token of ``request``; detect a stop string (sets ``request.stop_reason``).
+    def process_step(
+        self, requests: Sequence[Request], token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs | None]
+    ) -> list[RequestOutput]:
+        """Account each request's new token, in order; detect stop strings (sets ``request.stop_reason``).
 
-        The caller finishes the request when the returned output says ``finished`` and the
-        request's status is not finished yet.
+        The caller finishes a request when its output says ``finished`` and the request's status is
+        not finished yet.
+
+        NOTE(crossway): the text of all of them is decoded in two batched tokenizer calls, not two
+        per request: with 256 running requests the per-request calls took 11-13 ms a step on the
+        development VM, 2 ms batched, and the GPU idles while the host does this work.
         """
-        state = self._states[request.request_id]
-        stops = request.params.stop
-        finished, reason = request.status.finished, request.status.finish_reason
-        if not (finished and reason == "stop"):  # an EOS or stop token id adds no text
-            searched_from = max(0, len(state.text) - max((len(s) for s in stops), default=0) + 1)
-            state.text += self._delta(state, token_id)
-            hit = _find_stop(state.text, stops, searched_from) if stops else None
-            if hit is not None:
-                state.text = state.text[: hit[0]]
-                request.stop_reason = hit[1]
-                finished, reason = True, "stop"
-        hold = 0 if finished else max((len(s) - 1 for s in stops), default=0)
-        release_to = max(state.emitted, len(state.text) - hold)
-        text = state.text[state.emitted : release_to]
-        state.emitted = release_to
-        if finished:
-            self.remove(request.request_id)
-        return RequestOutput(
-            request_id=request.request_id,
-            token_ids=[token_id],
-            text=text,
-            finished=finished,
-            finish_reason=reason,
-            stop_reason=request.stop_reason,
-            logprobs=[logprobs] if logprobs is not None else [],
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_output_tokens=request.num_output_tokens,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
-        )
+        states = [self._states[r.request_id] for r in requests]
+        texted = [i for i, r in enumerate(requests) if not (r.status.finished and r.status.finish_reason == "stop")]
+        deltas = self._deltas([states[i] for i in texted], [token_ids[i] for i in texted])
+        delta_of = dict(zip(texted, deltas, strict=True))
+        outputs = []
+        for i, (request, state, token_id, lp) in enumerate(zip(requests, states, token_ids, logprobs, strict=True)):
+            stops = request.params.stop
+            finished, reason = request.status.finished, request.status.finish_reason
+            if i in delta_of:  # an EOS or stop token id adds no text
+                searched_from = max(0, len(state.text) - max((len(s) for s in stops), default=0) + 1) if stops else 0
+                state.text += delta_of[i]
+                hit = _find_stop(state.text, stops, searched_from) if stops else None
+                if hit is not None:
+                    state.text = state.text[: hit[0]]
+                    request.stop_reason = hit[1]
+                    finished, reason = True, "stop"
+            hold = 0 if finished or not stops else max(len(s) - 1 for s in stops)
+            release_to = max(state.emitted, len(state.text) - hold)
+            text = state.text[state.emitted : release_to]
+            state.emitted = release_to
+            if finished:
+                self.remove(request.request_id)
+            outputs.append(
+                RequestOutput(
+                    request_id=request.request_id,
+                    token_ids=[token_id],
+                    text=text,
+                    finished=finished,
+                    finish_reason=reason,
+                    stop_reason=request.stop_reason,
+                    logprobs=[lp] if lp is not None else [],
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    num_output_tokens=request.num_output_tokens,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                )
+            )
+        return outputs
 
-    def _delta(self, state: _TextState, token_id: int) -> str:
-        state.ids.append(token_id)
-        if self.tokenizer is None:
-            return ""
+    def _deltas(self, states: list[_TextState], token_ids: list[int]) -> list[str]:
+        """Append each new token to its state and return the text it completes (maybe none yet)."""
+        for state, token_id in zip(states, token_ids, strict=True):
+            state.ids.append(token_id)
+        if self.tokenizer is None or not states:
+            return [""] * len(states)
         # NOTE(crossway): decode a short window before and after the new token and keep the
         # difference; a trailing U+FFFD means an unfinished UTF-8 sequence, so wait for more tokens.
-        before = self.tokenizer.decode(state.ids[state.prefix_offset : state.read_offset])
-        after = self.tokenizer.decode(state.ids[state.prefix_offset :])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            state.prefix_offset, state.read_offset = state.read_offset, len(state.ids)
-            return after[len(before) :]
-        return ""
+        befores = self.tokenizer.decode_batch([st.ids[st.prefix_offset : st.read_offset] for st in states])
+        afters = self.tokenizer.decode_batch([st.ids[st.prefix_offset :] for st in states])
+        deltas = []
+        for state, before, after in zip(states, befores, afters, strict=True):
+            if len(after) > len(before) and not after.endswith("\ufffd"):
+                state.prefix_offset, state.read_offset = state.read_offset, len(state.ids)
+                deltas.append(after[len(before) :])
+            else:
+                deltas.append("")
+        return deltas
 
 
 def _find_stop(text: str, stops: tuple[str, ...], start: int) -> tuple[int, str] | None:

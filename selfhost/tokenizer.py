@@ -75,6 +75,13 @@ class Tokenizer:
         """Text of ``ids``."""
         return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
+    def decode_batch(self, seqs: Sequence[Sequence[int]], *, skip_special_tokens: bool = True) -> list[str]:
+        """Text of each of ``seqs``, in one call into the tokenizer library."""
+        return [
+            str(t)
+            for t in self.backend.decode_batch([list(ids) for ids in seqs], skip_special_tokens=skip_special_tokens)
+        ]
+
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
         """Render ``messages`` with the model's chat template.
 

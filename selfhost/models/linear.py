@@ -38,6 +38,8 @@ class Linear(nn.Module):
         # NOTE(crossway): a plain attribute, not buffers: ``.to(device)`` does not move it, so
         # quantize after the model sits on its device (the layout depends on it).
         self.qweight: quant.QuantizedWeight | kernel_quant.KernelWeight | None = None
+        self.in_dtype: torch.dtype | None = None
+        """The dtype the weight's kernel reads activations in (bf16 for the CPU int8/int4 kernels); None: any."""
 
     def quantize(self, mode: Quantization, group_size: int = 32, kernels: bool | None = None) -> None:
         """Replace the float weight by its quantized form (a no-op for ``none`` or shapes the kernels cannot take).
@@ -56,6 +58,7 @@ class Linear(nn.Module):
         if qw is None:
             return
         self.qweight = qw
+        self.in_dtype = quant.ACTIVATION_DTYPE if isinstance(qw, quant.Int8Weight | quant.Int4Weight) else None
         self.weight = None  # a tied embedding keeps its own reference
 
     @property
@@ -68,12 +71,22 @@ class Linear(nn.Module):
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(M, in)`` -> ``(M, out)``."""
-        if self.qweight is None:
+        """``(M, in)`` -> ``(M, out)`` in ``x``'s dtype."""
+        return self.project(x).to(x.dtype)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """``(M, in)`` -> ``(M, out)`` in the dtype the kernel returns: bf16 for the CPU int8/int4 kernels, else ``x``'s.
+
+        NOTE(crossway): the decoder's CPU path calls this, not ``forward``, so that a bf16 output
+        feeding a residual add or the next bf16 kernel is not widened and rounded again: each dtype
+        cast is a torch op, and at batch 1 the ops' count, not their size, sets the time.
+        """
+        qw = self.qweight
+        if qw is None:
             assert self.weight is not None  # noqa: S101 (narrowing)
             return F.linear(x, self.weight, self.bias)
-        if isinstance(self.qweight, kernel_quant.KernelInt8Weight | kernel_quant.KernelInt4Weight):
-            y = kernel_quant.linear(x, self.qweight)
+        if isinstance(qw, kernel_quant.KernelInt8Weight | kernel_quant.KernelInt4Weight):
+            y = kernel_quant.linear(x, qw)
         else:
-            y = quant.quantized_linear(x, self.qweight)
+            y = quant.quantized_matmul(x, qw)
         return y if self.bias is None else y + self.bias

@@ -8,7 +8,7 @@ ids, their positions, the per-layer cache tensors and an ``AttentionMetadata``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (the torch convention)
@@ -18,7 +18,7 @@ from selfhost.models import ops
 from selfhost.models.linear import Linear, param
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from selfhost.config import ModelConfig, Quantization
 
@@ -43,17 +43,22 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
         meta: ops.AttentionMetadata,
     ) -> torch.Tensor:
-        """Attend ``(N, C)`` inputs over their sequences' cached context (after writing this step's K/V)."""
+        """Attend ``(N, C)`` inputs over their sequences' cached context (after writing this step's K/V).
+
+        Returns ``(N, C)`` in the output projection's dtype (``Linear.project``); attention itself
+        runs in the cache's dtype.
+        """
         N = x.shape[0]
-        qkv = self.qkv(x)  # (N, (nh + 2 nkv) hd)
-        qk = qkv[:, : self.q_size + self.kv_size].view(N, self.nh + self.nkv, self.hd)  # (N, nh + nkv, hd)
-        v = qkv[:, self.q_size + self.kv_size :].view(N, self.nkv, self.hd)  # (N, nkv, hd)
+        qkv = self.qkv.project(x)  # (N, (nh + 2 nkv) hd)
+        if qkv.dtype != k_cache.dtype:  # the CPU kernels' bf16
+            qkv = qkv.float() if k_cache.dtype == torch.float32 else qkv.to(k_cache.dtype)
+        heads = qkv.view(N, self.nh + 2 * self.nkv, self.hd)  # (N, nh + 2 nkv, hd)
+        qk, v = heads[:, : self.nh + self.nkv], heads[:, self.nh + self.nkv :]  # (N, nh + nkv, hd), (N, nkv, hd)
         qk = ops.apply_rope(qk, cos, sin)  # queries and keys rotated together
         q, k = qk[:, : self.nh], qk[:, self.nh :]  # (N, nh, hd), (N, nkv, hd)
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         o = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)  # (N, nh, hd)
-        out: torch.Tensor = self.o(o.reshape(N, self.q_size))  # (N, C)
-        return out
+        return self.o.project(o.reshape(N, self.q_size))  # (N, C)
 
 
 class MLP(nn.Module):
@@ -66,10 +71,12 @@ class MLP(nn.Module):
         self.down = Linear(self.inter, cfg.hidden_size, cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``down(silu(gate(x)) * up(x))`` for ``(N, C)`` inputs."""
-        gate, up = torch.split(self.gate_up(x), self.inter, dim=-1)  # 2 x (N, I)
-        out: torch.Tensor = self.down(F.silu(gate) * up)  # (N, C)
-        return out
+        """``down(silu(gate(x)) * up(x))`` for ``(N, C)`` inputs, in the down projection's dtype (``Linear.project``)."""
+        gate_up = self.gate_up.project(x)  # (N, 2I)
+        if self.gate_up.in_dtype is not None and gate_up.dtype != torch.float32:
+            gate_up = gate_up.float()  # the CPU kernels' bf16: SiLU and product in fp32, rounded once
+        gate, up = gate_up[:, : self.inter], gate_up[:, self.inter :]  # 2 x (N, I)
+        return self.down.project(F.silu(gate).mul_(up))  # (N, C)
 
 
 class DecoderLayer(nn.Module):
@@ -82,6 +89,23 @@ class DecoderLayer(nn.Module):
         self.attn = Attention(cfg)
         self.mlp_norm = param(cfg.hidden_size)
         self.mlp = MLP(cfg)
+        # set by ``use_rounded_norms`` once the projections read bf16 (quantized on the CPU)
+        self.attn_in: ops.RoundedRMSNorm | None = None
+        self.mlp_in: ops.RoundedRMSNorm | None = None
+
+    def use_rounded_norms(self) -> None:
+        """Compute each norm straight into the dtype its projection reads, when that is not the weights' own.
+
+        Call after the weights are loaded and quantized (the norms copy their weights).
+        """
+        for norm, linear, attr in (
+            (self.attn_norm, self.attn.qkv, "attn_in"),
+            (self.mlp_norm, self.mlp.gate_up, "mlp_in"),
+        ):
+            rounded = None
+            if linear.in_dtype is not None and linear.in_dtype != norm.dtype and norm.dtype == torch.float32:
+                rounded = ops.RoundedRMSNorm(norm, self.eps, linear.in_dtype)
+            setattr(self, attr, rounded)
 
     def forward(
         self,
@@ -92,10 +116,15 @@ class DecoderLayer(nn.Module):
         v_cache: torch.Tensor,
         meta: ops.AttentionMetadata,
     ) -> torch.Tensor:
-        """One block over ``(N, C)`` hidden states."""
-        x = x + self.attn(ops.rms_norm(x, self.attn_norm, self.eps), cos, sin, k_cache, v_cache, meta)
-        out: torch.Tensor = x + self.mlp(ops.rms_norm(x, self.mlp_norm, self.eps))
-        return out
+        """One block over ``(N, C)`` hidden states, which it updates in place and returns."""
+        # NOTE(crossway): the submodules' ``forward`` is called directly, skipping ``nn.Module``'s
+        # hook machinery, and the residual adds are in place: at batch 1 on a CPU each layer is
+        # dozens of microsecond-sized ops, where per-call overhead is a visible share of a step.
+        # Norm outputs come in the dtype the next kernel reads (bf16 for the CPU int8/int4 ones).
+        h = ops.rms_norm(x, self.attn_norm, self.eps) if self.attn_in is None else self.attn_in(x)
+        x.add_(self.attn.forward(h, cos, sin, k_cache, v_cache, meta))
+        h = ops.rms_norm(x, self.mlp_norm, self.eps) if self.mlp_in is None else self.mlp_in(x)
+        return x.add_(self.mlp.forward(h))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -129,6 +158,17 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)  # (P, hd) fp32
         self.register_buffer("rope_sin_signed", ops.rope_sin_signed(sin), persistent=False)
 
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> LlamaForCausalLM:
+        """``nn.Module._apply`` (``.to``, ``.cuda``, ...), except that the rotary tables stay fp32.
+
+        The rope kernel reads fp32 tables, and a bf16 table would round angles of far positions.
+        """
+        tables = (self.rope_cos, self.rope_sin_signed)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        device = self.rope_cos.device
+        self.rope_cos, self.rope_sin_signed = (t.to(device) for t in tables)
+        return self
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -150,10 +190,13 @@ class LlamaForCausalLM(nn.Module):
         dtype = x.dtype
         cos = self.rope_cos.index_select(0, positions).unsqueeze(1).to(dtype)  # (N, 1, hd)
         sin = self.rope_sin_signed.index_select(0, positions).unsqueeze(1).to(dtype)  # (N, 1, hd), sign folded in
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, k_cache, v_cache, meta)  # (N, C)
-        assert isinstance(x, torch.Tensor)  # noqa: S101 (narrows nn.Module.__call__'s Any)
+        for layer, (k_cache, v_cache) in zip(self.decoder_layers(), kv_caches, strict=True):
+            x = layer.forward(x, cos, sin, k_cache, v_cache, meta)  # (N, C), updated in place
         return ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The blocks, typed (``nn.ModuleList`` yields plain modules)."""
+        return cast("list[DecoderLayer]", list(self.layers))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project ``(M, C)`` hidden states to ``(M, vocab)`` fp32 logits."""
@@ -180,6 +223,8 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError("'gguf' weights come from the file's own blocks: models.gguf_native.load_native")
         for linear in self.linears():
             linear.quantize(mode, group_size, kernels)
+        for layer in self.decoder_layers():
+            layer.use_rounded_norms()
         self.quantization = mode
 
     def weight_bytes(self) -> int:

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 """Group sizes the int4 CPU kernel accepts."""
 
+ACTIVATION_DTYPE = torch.bfloat16
+"""The dtype both CPU kernels read activations in and return results in."""
+
 # NOTE(crossway): both CPU kernels are fast only with bfloat16 activations and scales (fp32
 # activations take a scalar path ~10x slower in torch 2.13), so inputs are rounded to bf16 and the
 # kernel's bf16 output is widened back. Every row goes through the kernel, prefill included, though
@@ -137,13 +140,18 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
 
 def quantized_linear(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     """``x @ w.T`` for ``(M, K)`` float inputs; returns ``(M, N)`` in ``x``'s dtype."""
-    xb = x.to(torch.bfloat16)
+    return quantized_matmul(x, qw).to(x.dtype)
+
+
+def quantized_matmul(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+    """``x @ w.T`` for ``(M, K)`` float inputs (rounded to bf16 unless they are); returns ``(M, N)`` bf16."""
+    xb = x if x.dtype == ACTIVATION_DTYPE else x.bfloat16()  # a call less where the norm already rounded
     y: torch.Tensor
     if isinstance(qw, Int8Weight):
         y = torch.ops.aten._weight_int8pack_mm(xb, qw.qweight, qw.scales)  # (M, N) bf16
     else:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qw.packed, qw.group_size, qw.scales_zeros)
-    return y.to(x.dtype)
+    return y
 
 
 def quantized_linear_reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:

@@ -63,6 +63,14 @@ def test_kernel_engine_greedy_equals_torch_engine_in_fp32(device: torch.device) 
     assert got == expected
 
 
+def test_kernel_engine_runs_in_bf16_and_starts_like_the_torch_engine(device: torch.device) -> None:
+    # bf16 is the GPU's serving dtype; rounding lets the two paths drift apart after a few tokens
+    expected = generate(tiny_model("cpu", torch.bfloat16), "cpu", use_kernels=False, dtype="bfloat16")
+    got = generate(tiny_model(device, torch.bfloat16), device, use_kernels=True, dtype="bfloat16")
+    assert [len(g) for g in got] == [len(e) for e in expected]
+    assert [g[0] for g in got] == [e[0] for e in expected]
+
+
 def test_kernel_engine_is_invariant_under_chunking_prefix_hits_and_one_at_a_time(device: torch.device) -> None:
     model = tiny_model(device)
     together = generate(model, device, use_kernels=True)

@@ -107,11 +107,11 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _models(path: Path) -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
-    """``(float model, native model)`` from the same file."""
+def _models(path: Path, device: torch.device | str = "cpu") -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
+    """``(float model on the CPU, native model on device)`` from the same file."""
     cfg = loader.load_model_config(path)
     dequantized = loader.load_model(path, cfg, torch.float32, 64)
-    native = loader.load_model(path, cfg, torch.float32, 64)
+    native = loader.load_model(path, cfg, torch.float32, 64).to(device)  # load_native wants it on its device
     load_native(native, path)
     return dequantized, native
 
@@ -150,27 +150,28 @@ def test_gguf_linears_take_the_files_blocks_and_mixed_or_other_types_stay_float(
 
 
 def _logits(model: LlamaForCausalLM, prompt: list[int], steps: list[int], kernels: bool) -> list[torch.Tensor]:
-    """Prefill ``prompt`` then decode ``steps`` one token at a time; the last row's logits after each."""
+    """Prefill ``prompt`` then decode ``steps`` one token at a time (on the model's device); the last row's logits after each."""
     cfg, block = model.cfg, 4
+    dev = model.embed.device
     table = list(reversed(range(16)))
     shape = (16, block, cfg.num_kv_heads, cfg.head_dim)
-    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
+    caches = [(torch.zeros(shape, device=dev), torch.zeros(shape, device=dev)) for _ in range(cfg.num_layers)]
     out, start = [], 0
     for ids in [prompt, *([t] for t in steps)]:
-        meta = build_attention_metadata([0, len(ids)], [start + len(ids)], [table], block, torch.device("cpu"))
+        meta = build_attention_metadata([0, len(ids)], [start + len(ids)], [table], block, dev)
         with torch.inference_mode():
-            positions = torch.arange(start, start + len(ids))
-            hidden = model(torch.tensor(ids), positions, caches, meta, kernels=kernels)
-            out.append(model.compute_logits(hidden[-1:])[0])
+            positions = torch.arange(start, start + len(ids), device=dev)
+            hidden = model(torch.tensor(ids, device=dev), positions, caches, meta, kernels=kernels)
+            out.append(model.compute_logits(hidden[-1:])[0].cpu())
         start += len(ids)
     return out
 
 
 def test_native_kernel_logits_equal_dequantized_torch_logits(device: torch.device, tiny_gguf: Path) -> None:
-    dequantized, native = _models(tiny_gguf)
+    dequantized, native = _models(tiny_gguf, device)
     prompt = [(37 * i + 11) % VOCAB for i in range(9)]  # 9 rows: the tiled path; decode rows: GEMV
     ref = _logits(dequantized, prompt, [5, 200, 17], kernels=False)
-    ours = _logits(native.to(device), prompt, [5, 200, 17], kernels=True)
+    ours = _logits(native, prompt, [5, 200, 17], kernels=True)
     for r, o in zip(ref, ours, strict=True):
         assert float((o.cpu() - r).abs().max() / r.abs().max()) < 2e-5  # fp32 rounding (measured ~1.5e-6)
         assert int(o.argmax()) == int(r.argmax())

@@ -160,3 +160,32 @@ def test_split_k_repeats_bit_exactly_and_leaves_counters_at_zero(device):
     assert int(quant_matmul._COUNTERS[x.device].abs().sum()) == 0
     ref = reference.int4_matmul(x.cpu(), packed.cpu(), s.cpu(), z.cpu(), group)
     assert _rel_err(first.cpu(), ref) < 1e-3
+
+
+def _nan_after(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a view at the start of a larger buffer whose tail is NaN (what an out-of-bounds read would see)."""
+    buf = torch.full((t.numel() + 256,), float("nan"), dtype=t.dtype, device=t.device)
+    buf[: t.numel()] = t.flatten()
+    return buf[: t.numel()].view(t.shape)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_tiled_split_past_k_reads_no_scale_beyond_the_tensors(device, kind):
+    # split_k=2 in steps of 16 over K/2 = 48 packed int4 bytes (or K = 80 int8 columns) gives splits
+    # of 32 (48): the second split's last step starts at the end of K and must read no scale past it
+    torch.manual_seed(0)
+    n, k, group = 9, 96 if kind == "int4" else 80, 16
+    w, x = torch.randn(n, k), torch.randn(17, k)
+    cfg = Config("tiled", block_n=16, block_k=16, split_k=2, block_m=16)
+    if kind == "int4":
+        packed, scales, zeros = reference.quantize_int4(w, group)
+        expected = reference.int4_matmul(x, packed, scales, zeros, group)
+        args = (packed.to(device), _nan_after(scales.to(device)), _nan_after(zeros.to(device)), group)
+        out = int4_matmul(x.to(device), *args, config=cfg)
+    else:
+        qweight, scales = reference.quantize_int8(w)
+        groups = scales[:, None].expand(n, k // group).contiguous()  # per-group scales, all one row's
+        expected = reference.int8_matmul(x, qweight, scales)
+        out = int8_matmul(x.to(device), qweight.to(device), _nan_after(groups.to(device)), config=cfg, group_size=group)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-4)
