@@ -116,6 +116,14 @@ class EngineConfig:
     cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
     """Decode batch sizes captured in CUDA graphs (a batch is padded to the next one); capped at
     ``max_num_seqs``, whose own size is always captured."""
+    cuda_graph_token_sizes: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+    """Token counts of the steps that are not decode-only (prefills, chunks mixed with decodes, prefix
+    hits' tails) captured in CUDA graphs (``selfhost.step_graphs``; a step is padded to the next
+    one); capped at ``max_num_batched_tokens``, whose own size is always captured; empty: none."""
+    async_scheduling: bool | None = None
+    """Plan and launch step n+1 before step n's sampled tokens reach the host, so host work (scheduling,
+    text, metrics) overlaps the device's; outputs then arrive one ``step`` call later. None: on CUDA
+    devices only (on the CPU the host is the device, so there is nothing to overlap)."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks across requests by chained block hash."""
     salt_by_tenant: bool = True
@@ -146,6 +154,8 @@ class EngineConfig:
             raise ValueError(f"quantization {self.quantization!r} runs on the CPU or CUDA, not on {self.device!r}")
         if any(b <= 0 for b in self.cuda_graph_batch_sizes):
             raise ValueError(f"cuda_graph_batch_sizes must be positive, got {self.cuda_graph_batch_sizes}")
+        if any(t <= 0 for t in self.cuda_graph_token_sizes):
+            raise ValueError(f"cuda_graph_token_sizes must be positive, got {self.cuda_graph_token_sizes}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
 
@@ -154,8 +164,20 @@ class EngineConfig:
         """Whether the model runs on the Triton kernels (``use_kernels``, or by default on CUDA)."""
         return self.device.startswith("cuda") if self.use_kernels is None else self.use_kernels
 
+    @property
+    def async_enabled(self) -> bool:
+        """Whether steps are planned one ahead (``async_scheduling``, or by default on CUDA)."""
+        return self.device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling
+
     def graph_batch_sizes(self) -> tuple[int, ...]:
         """The decode batch sizes to capture (none unless the kernels run on CUDA and graphs are on)."""
         if self.enforce_eager or not self.kernels_enabled or not self.device.startswith("cuda"):
             return ()
         return tuple(sorted({b for b in self.cuda_graph_batch_sizes if b < self.max_num_seqs} | {self.max_num_seqs}))
+
+    def graph_token_sizes(self) -> tuple[int, ...]:
+        """The step token counts to capture for steps that are not decode-only (none unless decode graphs are on)."""
+        if not self.cuda_graph_token_sizes or not self.graph_batch_sizes():
+            return ()  # an empty tuple turns these graphs off and leaves the decode graphs on
+        budget = self.max_num_batched_tokens
+        return tuple(sorted({t for t in self.cuda_graph_token_sizes if t < budget} | {budget}))

@@ -9,6 +9,7 @@ Single-threaded: every method must be called from one thread.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,8 +22,8 @@ from selfhost.metrics import EngineMetrics, MetricsSnapshot
 from selfhost.output import OutputProcessor, RequestOutput
 from selfhost.request import Request, RequestStatus
 from selfhost.runner import ModelRunner, kv_bytes_per_block
-from selfhost.sampling import SamplingParams, sample
-from selfhost.scheduler import Scheduler
+from selfhost.sampling import PendingSample, SamplingParams, launch_sampling
+from selfhost.scheduler import ScheduledBatch, Scheduler
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -31,6 +32,16 @@ if TYPE_CHECKING:
     from selfhost.tokenizer import Tokenizer
 
 _DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass(slots=True)
+class _Launched:
+    """A step on the device: its plan, its sampling requests and their picks on the way back."""
+
+    batch: ScheduledBatch
+    sampling: list[Request]
+    picks: PendingSample
+    started: float
 
 
 class LLMEngine:
@@ -70,10 +81,14 @@ class LLMEngine:
             cfg.device,
             use_kernels=cfg.kernels_enabled,
             graph_batch_sizes=cfg.graph_batch_sizes(),
+            graph_token_sizes=cfg.graph_token_sizes(),
             max_model_len=self.max_model_len,
+            max_num_seqs=cfg.max_num_seqs,
         )
         self.outputs = OutputProcessor(tokenizer)
         self.metrics = EngineMetrics(model_config, cfg, model.weight_bytes(), block_bytes // cfg.block_size)
+        self._in_flight: _Launched | None = None
+        self._finished_at = 0.0
 
     @classmethod
     def from_model(cls, model: str | Path, config: EngineConfig | None = None) -> LLMEngine:
@@ -164,24 +179,56 @@ class LLMEngine:
                 self.outputs.remove(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        """Whether any request is waiting or running."""
-        return self.scheduler.has_unfinished()
+        """Whether any request is waiting or running, or a step's tokens are still on their way back."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # the loop
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration: schedule -> run model -> sample -> emit outputs."""
+        """Run one iteration: schedule -> run model -> sample -> emit outputs.
+
+        With async scheduling the step launched here runs on the device while the previous one's
+        tokens come back and become outputs, so each call returns the outputs of the step before
+        (and the last call of a run, with nothing left to plan, those of the last step). A step
+        with seeded random rows (sampled on the host) is finished at once, since the next step
+        needs its tokens.
+        """
         batch = self.scheduler.schedule()
-        if not batch.requests:
-            return []
+        launched = self._launch(batch) if batch.requests else None
+        previous, self._in_flight = self._in_flight, None
+        outputs = self._finish(previous) if previous is not None else []
+        if launched is not None:
+            if self.config.async_enabled and not launched.picks.seeded:
+                self._in_flight = launched
+            else:
+                outputs.extend(self._finish(launched))
+        return outputs
+
+    def _launch(self, batch: ScheduledBatch) -> _Launched:
+        """Run the model over the batch and start sampling; nothing here waits for the device."""
         started = time.perf_counter()
         logits = self.runner.execute(batch, self.kv)  # (S, V) for the requests whose last token ran
         sampling = batch.sampling_requests
-        sampled = sample(logits, sampling)
-        self.scheduler.update(batch, {r.request_id: t for r, t in zip(sampling, sampled.token_ids, strict=True)})
-        self.metrics.on_step(batch, len(sampling), time.perf_counter() - started)
-        outputs = self.outputs.process_step(sampling, sampled.token_ids, sampled.logprobs)
-        for request, out in zip(sampling, outputs, strict=True):
+        picks = launch_sampling(logits, sampling)
+        if self.config.async_enabled:
+            self.runner.record_sampled([r.request_id for r in sampling], picks.picked)
+        return _Launched(batch, sampling, picks, started)
+
+    def _finish(self, launched: _Launched) -> list[RequestOutput]:
+        """Wait for a launched step's tokens; update the requests; emit the outputs of those still live."""
+        sampled = launched.picks.resolve()
+        sampling = launched.sampling
+        # NOTE(crossway): a request can finish while its step runs (aborted, or stopped by the step
+        # before under async scheduling); its token is dropped and it gets no output.
+        live = [i for i, r in enumerate(sampling) if not r.status.finished]
+        self.scheduler.update(sampling, sampled.token_ids)
+        now = time.perf_counter()
+        self.metrics.on_step(launched.batch, len(live), now - max(launched.started, self._finished_at))
+        self._finished_at = now
+        requests = [sampling[i] for i in live]
+        token_ids = [sampled.token_ids[i] for i in live]
+        outputs = self.outputs.process_step(requests, token_ids, [sampled.logprobs[i] for i in live])
+        for request, out in zip(requests, outputs, strict=True):
             if request.num_output_tokens == 1:
                 self.metrics.on_first_token(request)
             if out.finished:

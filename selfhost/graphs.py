@@ -21,9 +21,11 @@ from selfhost.models.ops import AttentionMetadata
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from torch.cuda import _POOL_HANDLE
+
     from selfhost.models.llama import LlamaForCausalLM
 
-_IDS, _POS, _SLOTS, _LENS = range(4)
+_IDS, _POS, _SLOTS, _LENS, _SRC = range(5)
 
 
 class DecodeGraphs:
@@ -36,34 +38,46 @@ class DecodeGraphs:
         batch_sizes: Sequence[int],
         max_blocks: int,
         device: torch.device,
+        last_tokens: torch.Tensor,
+        pool: _POOL_HANDLE | None = None,
     ) -> None:
-        """Capture one graph per size (compiling the kernels first); ``max_blocks`` bounds a block table."""
+        """Capture one graph per size (compiling the kernels first); ``max_blocks`` bounds a block table.
+
+        ``last_tokens`` is the runner's buffer of the previous step's sampled ids: a row whose
+        source index is not negative reads its token id there instead of from the host. ``pool``
+        shares another set of graphs' memory pool (steps never run at once).
+        """
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
         self.sizes = sorted(set(batch_sizes))
         self.max_batch = self.sizes[-1]
         self.max_blocks = max_blocks
         b = self.max_batch
-        # NOTE(crossway): pinned host staging, so each step's inputs go up in two async copies; the
-        # host rows are rewritten only after the previous step's sampled ids came back (a sync), so
-        # no copy in flight can read a half-written row.
-        self._host = torch.zeros((4, b), dtype=torch.long, pin_memory=True)
-        self._host_np = self._host.numpy()
-        self._host_tables = torch.zeros((b, max_blocks), dtype=torch.int32, pin_memory=True)
-        self._host_tables_np = self._host_tables.numpy()
-        self._inputs = torch.zeros((4, b), dtype=torch.long, device=device)  # ids, positions, slots, lens
+        # NOTE(crossway): pinned host staging, so each step's inputs go up in two async copies. Two
+        # sets, used in turn: with async scheduling the host fills step n+1's while step n runs, and
+        # step n-1's copies (the other set's last use) are done by then, because the engine waited
+        # for step n-1's sampled ids before planning step n+1.
+        self._host = [torch.zeros((5, b), dtype=torch.long, pin_memory=True) for _ in range(2)]
+        self._host_tables = [torch.zeros((b, max_blocks), dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self._turn = 0
+        self._last_tokens = last_tokens
+        self._inputs = torch.zeros((5, b), dtype=torch.long, device=device)  # ids, positions, slots, lens, sources
         self._tables = torch.zeros((b, max_blocks), dtype=torch.int32, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
-        self._capture(model, kv_caches, device)
+        self._capture(model, kv_caches, device, pool)
 
     @torch.inference_mode()
     def _capture(
-        self, model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device
+        self,
+        model: LlamaForCausalLM,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        device: torch.device,
+        pool: _POOL_HANDLE | None,
     ) -> None:
         self._inputs[_SLOTS].fill_(-1)  # warm-up and capture runs write nothing into the cache
         self._inputs[_LENS].zero_()
-        pool = None
+        self._inputs[_SRC].fill_(-1)
         for bs in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
             meta = AttentionMetadata(
                 slot_mapping=self._inputs[_SLOTS, :bs],
@@ -76,7 +90,9 @@ class DecodeGraphs:
             )
 
             def step(bs: int = bs, meta: AttentionMetadata = meta) -> torch.Tensor:
-                ids, pos = self._inputs[_IDS, :bs], self._inputs[_POS, :bs]
+                src = self._inputs[_SRC, :bs]
+                ids = torch.where(src >= 0, self._last_tokens[src.clamp(min=0)], self._inputs[_IDS, :bs])
+                pos = self._inputs[_POS, :bs]
                 return model.compute_logits(model(ids, pos, kv_caches, meta, kernels=True))  # (bs, V) fp32
 
             side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
@@ -92,26 +108,36 @@ class DecodeGraphs:
         torch.cuda.synchronize(device)
 
     def run(
-        self, ids: Sequence[int], positions: Sequence[int], slots: Sequence[int], tables: Sequence[Sequence[int]]
+        self,
+        ids: Sequence[int],
+        positions: Sequence[int],
+        slots: Sequence[int],
+        tables: Sequence[Sequence[int]],
+        sources: Sequence[int],
     ) -> torch.Tensor:
         """Replay the step for ``n`` one-token rows; return ``(n, vocab)`` fp32 logits (overwritten by the next run).
 
         ``positions`` are the new tokens' positions (the context length is ``position + 1``),
-        ``slots`` their flat KV slots, ``tables`` each row's block ids.
+        ``slots`` their flat KV slots, ``tables`` each row's block ids, ``sources`` each row's index
+        into the last sampled ids, or -1 where ``ids`` holds the token.
         """
         n = len(ids)
         bs = next(s for s in self.sizes if s >= n)
-        h = self._host_np
+        host, host_tables = self._host[self._turn], self._host_tables[self._turn]
+        self._turn ^= 1
+        h = host.numpy()
         h[_IDS, :n] = ids
         h[_POS, :n] = positions
         h[_SLOTS, :n] = slots
         h[_LENS, :n] = h[_POS, :n] + 1
+        h[_SRC, :n] = sources
         h[:, n:bs] = 0
         h[_SLOTS, n:bs] = -1  # padding rows: no KV write, no context
-        t = self._host_tables_np
+        h[_SRC, n:bs] = -1
+        t = host_tables.numpy()
         for i, table in enumerate(tables):
             t[i, : len(table)] = table  # entries past a row's length are never read
-        self._inputs.copy_(self._host, non_blocking=True)
-        self._tables[:n].copy_(self._host_tables[:n], non_blocking=True)
+        self._inputs.copy_(host, non_blocking=True)
+        self._tables[:n].copy_(host_tables[:n], non_blocking=True)
         self._graphs[bs].replay()
         return self._logits[bs][:n]

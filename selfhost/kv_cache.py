@@ -134,6 +134,8 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._tables: dict[str, list[KVBlock]] = {}
+        self._ids: dict[str, list[int]] = {}
+        """``_tables`` again as block ids: the runner reads every running request's table every step."""
         self._num_hashed: dict[str, int] = {}
         self.prefix_query_tokens = 0
         """Prompt tokens looked up in the prefix cache (counted once per request admission)."""
@@ -141,8 +143,8 @@ class KVCacheManager:
         """Of those, tokens found."""
 
     def block_ids(self, request_id: str) -> list[int]:
-        """The request's block table as ids (a copy; empty when it holds none)."""
-        return [b.block_id for b in self._tables.get(request_id, ())]
+        """The request's block table as ids (empty when it holds none); read-only, and valid until it next changes."""
+        return self._ids.get(request_id, [])
 
     def usage(self) -> float:
         """Fraction of blocks held by some request."""
@@ -181,6 +183,10 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + len(prefix_blocks) * self.block_size
         total = num_computed + num_new_tokens
         need = -(-total // self.block_size) - len(table) - len(prefix_blocks)
+        if need <= 0 and not prefix_blocks and table:  # most decode steps: the last block has room
+            if self.enable_prefix_caching:
+                self._cache_full_blocks(request, table, total)
+            return []
         # a hit on a free cached block takes it out of the free queue too
         reclaimed = sum(1 for b in prefix_blocks if b.ref_cnt == 0)
         if need > self.pool.num_free_blocks() - reclaimed:
@@ -190,6 +196,9 @@ class KVCacheManager:
         table = self._tables.setdefault(request.request_id, table)
         table.extend(prefix_blocks)
         table.extend(new)
+        ids = self._ids.setdefault(request.request_id, [])
+        ids.extend(b.block_id for b in prefix_blocks)
+        ids.extend(b.block_id for b in new)
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, table, total)
         return new
@@ -209,5 +218,6 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release all of the request's blocks (idempotent)."""
         table = self._tables.pop(request.request_id, [])
+        self._ids.pop(request.request_id, None)
         self._num_hashed.pop(request.request_id, None)
         self.pool.free(table)

@@ -101,14 +101,11 @@ class EngineMetrics:
         while self._recent and now - self._recent[0][0] > _RATE_WINDOW_S:
             self._recent.popleft()
         self.generation_tokens_total += num_sampled
-        self.prompt_tokens_total += sum(
-            max(0, min(r.num_computed_tokens, r.num_prompt_tokens) - (r.num_computed_tokens - n))
-            for r, n in zip(batch.requests, batch.num_new_tokens, strict=True)
-        )
-        pairs = list(zip(batch.requests, batch.num_new_tokens, strict=True))
-        context = sum(r.num_computed_tokens for r, _ in pairs)  # called after the step: keys attended to
+        rows = list(zip(batch.requests, batch.starts, batch.num_new_tokens, strict=True))
+        self.prompt_tokens_total += sum(max(0, min(s + n, r.num_prompt_tokens) - s) for r, s, n in rows)
+        context = sum(s + n for _, s, n in rows)  # keys attended to
         moved = self.param_bytes + context * self.kv_bytes_per_token
-        attended = sum(n * r.num_computed_tokens for r, n in pairs)  # query x key pairs (upper bound: causal)
+        attended = sum(n * (s + n) for _, s, n in rows)  # query x key pairs (upper bound: causal)
         flops = tokens * self.linear_flops_per_token + attended * self.attn_flops_per_ctx_token
         if seconds > 0:
             self.last_step_mbu = moved / seconds / self.engine_cfg.peak_memory_bandwidth

@@ -1,7 +1,8 @@
 """A request's state inside the engine core.
 
 Owns the token ids (prompt then output), ``num_computed_tokens`` (how many of them have KV in the
-cache; it catches up to ``num_tokens`` through prefix hits, prefill chunks and decodes alike), the
+cache, or are scheduled to: it catches up to ``num_tokens`` through prefix hits, prefill chunks and
+decodes alike), the tokens sampled but not yet seen on the host, the
 status, the block hashes and the per-request random generator. Does not own its KV blocks
 (``kv_cache``) or its text (``output``).
 """
@@ -72,6 +73,9 @@ class Request:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        self.num_pending_tokens = 0
+        """Tokens sampled on the device but not yet known on the host (async scheduling runs one step
+        ahead): a step that ends at ``num_tokens + num_pending_tokens`` samples one more."""
         self.num_cached_tokens = -1
         """Prompt tokens found in the prefix cache at first scheduling (-1: not scheduled yet)."""
         self.num_preemptions = 0

@@ -8,11 +8,12 @@ mapping, and picking the rows that are sampled. Does not own which blocks a requ
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from selfhost.models.ops import build_attention_metadata
+from selfhost.models.ops import build_attention_metadata, upload
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -21,13 +22,33 @@ if TYPE_CHECKING:
     from selfhost.graphs import DecodeGraphs
     from selfhost.kv_cache import KVCacheManager
     from selfhost.models.llama import LlamaForCausalLM
+    from selfhost.request import Request
     from selfhost.scheduler import ScheduledBatch
+    from selfhost.step_graphs import StepGraphs
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one KV block takes across all layers (keys and values)."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+@dataclass(slots=True)
+class _Flat:
+    """A step's new tokens as one flat batch (``ModelRunner._flatten``)."""
+
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    """Flat KV slot of each token (filled only when asked)."""
+    query_start: list[int] = field(default_factory=lambda: [0])
+    seq_lens: list[int] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)
+    logits_rows: list[int] = field(default_factory=list)
+    pending_rows: list[int] = field(default_factory=list)
+    """Rows whose token id is in ``ModelRunner.last_tokens`` ..."""
+    pending_sources: list[int] = field(default_factory=list)
+    """... at these indices."""
 
 
 class ModelRunner:
@@ -44,12 +65,16 @@ class ModelRunner:
         *,
         use_kernels: bool = False,
         graph_batch_sizes: Sequence[int] = (),
+        graph_token_sizes: Sequence[int] = (),
         max_model_len: int = 0,
+        max_num_seqs: int = 256,
     ) -> None:
         """Allocate the KV cache tensors, and capture decode graphs when asked.
 
         ``use_kernels`` runs the Triton pass; ``graph_batch_sizes`` (CUDA only) captures decode
-        steps of those sizes, whose block tables hold ``max_model_len`` tokens.
+        steps of those sizes, whose block tables hold ``max_model_len`` tokens, and
+        ``graph_token_sizes`` the other steps padded to those token counts; ``max_num_seqs`` bounds
+        the requests of a step.
         """
         self.model = model
         self.use_kernels = use_kernels
@@ -61,12 +86,50 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
             for _ in range(cfg.num_layers)
         ]
+        # NOTE(crossway): the last step's sampled ids stay on the device, and a step planned before
+        # they reach the host (async scheduling) reads a request's newest token from here.
+        self.last_tokens = torch.zeros(max_num_seqs, dtype=torch.long, device=self.device)
+        self._last_rows: dict[str, int] = {}
         self.graphs: DecodeGraphs | None = None
+        self.step_graphs: StepGraphs | None = None
+        max_blocks = -(-max_model_len // block_size)
+        pool = None
+        if graph_token_sizes:
+            from selfhost.step_graphs import StepGraphs
+
+            try:
+                self.step_graphs = StepGraphs(
+                    model,
+                    self.kv_caches,
+                    graph_token_sizes,
+                    max_num_seqs,
+                    max_blocks,
+                    self.device,
+                    last_tokens=self.last_tokens,
+                )
+                pool = self.step_graphs.pool
+            except ValueError:
+                self.step_graphs = None  # a head dim the prefill kernel cannot take: those steps run eagerly
         if graph_batch_sizes:
             from selfhost.graphs import DecodeGraphs
 
-            max_blocks = -(-max_model_len // block_size)
-            self.graphs = DecodeGraphs(model, self.kv_caches, graph_batch_sizes, max_blocks, self.device)
+            self.graphs = DecodeGraphs(
+                model, self.kv_caches, graph_batch_sizes, max_blocks, self.device, self.last_tokens, pool=pool
+            )
+
+    def record_sampled(self, request_ids: Sequence[str], picked: torch.Tensor) -> None:
+        """Keep a step's ``(S,)`` sampled ids on the device, for the next step's rows whose token is pending."""
+        self.last_tokens[: picked.shape[0]].copy_(picked)
+        self._last_rows = {request_id: i for i, request_id in enumerate(request_ids)}
+
+    def _source(self, request: Request, start: int, end: int) -> tuple[list[int], int]:
+        """The token ids of positions ``[start, end)`` known on the host, and the last-sampled row of a pending one (or -1)."""
+        known = request.num_tokens
+        if end <= known:
+            return request.all_token_ids[start:end], -1
+        if end != known + 1:
+            raise RuntimeError(f"{request!r} runs {end - known} tokens not yet sampled; at most one can be pending")
+        return [*request.all_token_ids[start:known], 0], self._last_rows[request.request_id]
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, kv: KVCacheManager) -> torch.Tensor:
@@ -74,46 +137,77 @@ class ModelRunner:
         graphs = self.graphs
         if graphs is not None and len(batch.requests) <= graphs.max_batch and all(n == 1 for n in batch.num_new_tokens):
             return self._execute_graph(graphs, batch, kv)
-        input_ids: list[int] = []
-        positions: list[int] = []
-        query_start = [0]
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
-        logits_rows: list[int] = []
-        for request, num_new in zip(batch.requests, batch.num_new_tokens, strict=True):
-            start, end = request.num_computed_tokens, request.num_computed_tokens + num_new
-            input_ids.extend(request.all_token_ids[start:end])
-            positions.extend(range(start, end))
-            query_start.append(query_start[-1] + num_new)
-            seq_lens.append(end)
-            tables.append(kv.block_ids(request.request_id))
-            if end == request.num_tokens:
-                logits_rows.append(query_start[-1] - 1)
-        meta = build_attention_metadata(query_start, seq_lens, tables, self.block_size, self.device)
-        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        hidden = self.model(ids, pos, self.kv_caches, meta, kernels=self.use_kernels)  # (N, C)
-        rows = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
-        return self.model.compute_logits(hidden[rows])  # (S, V)
+        steps = self.step_graphs
+        order: Sequence[int] = range(len(batch.requests))
+        if steps is not None:  # the step graphs take the one-token rows first
+            order = sorted(order, key=lambda i: batch.num_new_tokens[i] != 1)
+        flat = self._flatten(batch, kv, order, slots=steps is not None)
+        if steps is not None:
+            logits = steps.run(
+                flat.ids,
+                flat.positions,
+                flat.slots,
+                flat.query_start,
+                flat.seq_lens,
+                flat.tables,
+                flat.logits_rows,
+                flat.pending_rows,
+                flat.pending_sources,
+            )
+            if logits is not None:
+                return logits
+        meta = build_attention_metadata(flat.query_start, flat.seq_lens, flat.tables, self.block_size, self.device)
+        token_ids = upload(flat.ids, torch.long, self.device)
+        if flat.pending_rows:
+            rows = upload(flat.pending_rows, torch.long, self.device)
+            token_ids[rows] = self.last_tokens[upload(flat.pending_sources, torch.long, self.device)]
+        pos = upload(flat.positions, torch.long, self.device)
+        hidden = self.model(token_ids, pos, self.kv_caches, meta, kernels=self.use_kernels)  # (N, C)
+        return self.model.compute_logits(hidden[upload(flat.logits_rows, torch.long, self.device)])  # (S, V)
+
+    def _flatten(self, batch: ScheduledBatch, kv: KVCacheManager, order: Sequence[int], *, slots: bool) -> _Flat:
+        """The batch's new tokens as one flat batch, requests in ``order``; logits rows in the batch's sampling order."""
+        flat = _Flat()
+        bs = self.block_size
+        last_row = [0] * len(batch.requests)
+        for i in order:
+            request, start, num_new = batch.requests[i], batch.starts[i], batch.num_new_tokens[i]
+            end = start + num_new
+            ids, source = self._source(request, start, end)
+            flat.ids.extend(ids)
+            row0 = flat.query_start[-1]
+            if source >= 0:
+                flat.pending_rows.append(row0 + num_new - 1)
+                flat.pending_sources.append(source)
+            flat.positions.extend(range(start, end))
+            flat.query_start.append(row0 + num_new)
+            flat.seq_lens.append(end)
+            table = kv.block_ids(request.request_id)
+            flat.tables.append(table)
+            if slots:
+                flat.slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            last_row[i] = row0 + num_new - 1
+        flat.logits_rows = [last_row[i] for i, samples in enumerate(batch.samples) if samples]
+        return flat
 
     def _execute_graph(self, graphs: DecodeGraphs, batch: ScheduledBatch, kv: KVCacheManager) -> torch.Tensor:
         """A one-token-per-request step through the captured graph of the next batch size up."""
         bs = self.block_size
         ids: list[int] = []
-        positions: list[int] = []
+        sources: list[int] = []
         slots: list[int] = []
         tables: list[list[int]] = []
         rows: list[int] = []
-        for i, request in enumerate(batch.requests):
-            pos = request.num_computed_tokens
+        for i, (request, pos, samples) in enumerate(zip(batch.requests, batch.starts, batch.samples, strict=True)):
             table = kv.block_ids(request.request_id)
-            ids.append(request.all_token_ids[pos])
-            positions.append(pos)
+            (token,), source = self._source(request, pos, pos + 1)
+            ids.append(token)
+            sources.append(source)
             slots.append(table[pos // bs] * bs + pos % bs)
             tables.append(table)
-            if pos + 1 == request.num_tokens:
+            if samples:
                 rows.append(i)
-        logits = graphs.run(ids, positions, slots, tables)  # (n, V), valid until the next replay
+        logits = graphs.run(ids, batch.starts, slots, tables, sources)  # (n, V), valid until the next replay
         if len(rows) == len(ids):
             return logits
-        return logits[torch.tensor(rows, dtype=torch.long, device=self.device)]
+        return logits[upload(rows, torch.long, self.device)]

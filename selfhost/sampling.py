@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from selfhost.models.ops import upload
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -81,45 +83,76 @@ class SamplerOutput(NamedTuple):
 
 def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
     """Pick the next token of each request from its ``(B, V)`` fp32 logits row."""
-    # NOTE(crossway): on a GPU everything below stays on the device until one ``tolist`` of the
-    # picked ids: greedy rows take the argmax, unseeded random rows are sampled together in one
-    # batched pass, and only seeded rows (their generator is a CPU one) go through the row path.
-    picked = logits.argmax(dim=-1)  # (B,) greedy for all, then overwrite the random ones
-    batched = [i for i, req in enumerate(requests) if not req.params.greedy and req.generator is None]
-    if batched:
-        rows = torch.tensor(batched, dtype=torch.long, device=logits.device)
-        picked[rows] = _sample_rows(logits[rows], [requests[i].params for i in batched])
-    token_ids: list[int] = picked.tolist()
-    for i, req in enumerate(requests):
-        if not req.params.greedy and req.generator is not None:
-            token_ids[i] = _sample_row(logits[i], req.params, req.generator)
-    out_logprobs: list[TokenLogprobs | None] = [None] * len(requests)
-    wanted = [i for i, req in enumerate(requests) if req.params.logprobs is not None]
-    if wanted:
-        logp = torch.log_softmax(logits[wanted], dim=-1)  # (W, V)
-        for row, i in enumerate(wanted):
-            k = requests[i].params.logprobs or 0
-            top = logp[row].topk(k) if k else None
+    return launch_sampling(logits, requests).resolve()
+
+
+class PendingSample:
+    """A step's picks, launched on the device; ``resolve`` waits for them and finishes on the host.
+
+    NOTE(crossway): everything that reads the logits runs at launch, because the next CUDA graph
+    replay overwrites them; ``resolve`` then reads only tensors of its own. Greedy rows take the
+    argmax, unseeded random rows are sampled together in one batched pass, and only seeded rows
+    (their generator is a CPU one) wait for ``resolve``, on a copy of their logits.
+    """
+
+    def __init__(self, logits: torch.Tensor, requests: Sequence[Request]) -> None:
+        self.requests = requests
+        self.picked = logits.argmax(dim=-1)  # (B,) greedy for all, then overwrite the random ones
+        """(B,) the picks on the device; seeded rows hold the argmax until ``resolve``."""
+        batched = [i for i, req in enumerate(requests) if not req.params.greedy and req.generator is None]
+        if batched:
+            rows = upload(batched, torch.long, logits.device)
+            self.picked[rows] = _sample_rows(logits[rows], [requests[i].params for i in batched])
+        self.seeded = [i for i, req in enumerate(requests) if not req.params.greedy and req.generator is not None]
+        """Rows sampled on the host by ``resolve``: their device picks are not the tokens."""
+        self._seeded_logits = logits[self.seeded] if self.seeded else None  # (R, V), a copy
+        self._wanted = [i for i, req in enumerate(requests) if req.params.logprobs is not None]
+        self._logp = torch.log_softmax(logits[self._wanted], dim=-1) if self._wanted else None  # (W, V)
+        self._host = self.picked.to("cpu", non_blocking=True)  # pinned: the copy runs behind the step
+        self._done: torch.cuda.Event | None = None
+        if logits.is_cuda:
+            self._done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._done.record()
+
+    def resolve(self) -> SamplerOutput:
+        """Wait for the picks; sample the seeded rows; gather logprobs."""
+        if self._done is not None:
+            self._done.synchronize()
+        token_ids: list[int] = self._host.tolist()
+        for row, i in enumerate(self.seeded):
+            assert self._seeded_logits is not None  # noqa: S101 (narrowing)
+            req = self.requests[i]
+            token_ids[i] = _sample_row(self._seeded_logits[row], req.params, req.generator)
+        out_logprobs: list[TokenLogprobs | None] = [None] * len(self.requests)
+        for row, i in enumerate(self._wanted):
+            assert self._logp is not None  # noqa: S101 (narrowing)
+            k = self.requests[i].params.logprobs or 0
+            top = self._logp[row].topk(k) if k else None
             out_logprobs[i] = TokenLogprobs(
                 token_id=token_ids[i],
-                logprob=float(logp[row, token_ids[i]]),
+                logprob=float(self._logp[row, token_ids[i]]),
                 top=list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else [],
             )
-    return SamplerOutput(token_ids, out_logprobs)
+        return SamplerOutput(token_ids, out_logprobs)
+
+
+def launch_sampling(logits: torch.Tensor, requests: Sequence[Request]) -> PendingSample:
+    """Start picking each request's next token from its ``(B, V)`` fp32 logits row (see ``PendingSample``)."""
+    return PendingSample(logits, requests)
 
 
 def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """``(R, V)`` logits -> ``(R,)`` sampled ids, each row with its own temperature, top-k and top-p (as ``_sample_row``)."""
     device = logits.device
-    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
+    temps = upload([p.temperature for p in params], logits.dtype, device)
     scaled = logits / temps.unsqueeze(1)  # (R, V)
     sorted_logits, order = scaled.sort(dim=-1, descending=True)  # (R, V)
     vocab = logits.shape[1]
-    ks = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=device)
+    ks = upload([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], torch.long, device)
     # top-k keeps every token tied with the k-th, as ``_sample_row``'s ``scaled < kth`` test does
     kth = sorted_logits.gather(1, (ks - 1).unsqueeze(1))  # (R, 1)
     drop = sorted_logits < kth
-    top_ps = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=device).unsqueeze(1)
+    top_ps = upload([p.top_p for p in params], logits.dtype, device).unsqueeze(1)
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
     drop |= (probs.cumsum(-1) - probs) >= top_ps  # the most likely token always survives
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)  # (R, V) renormalised

@@ -8,6 +8,11 @@ One rule covers everything: a request has ``num_tokens`` token ids and ``num_com
 them in the KV cache; each step gives it ``min(num_tokens - num_computed_tokens, budget left)``
 tokens. A prefill is that rule with a large gap, a chunked prefill the same rule with a small
 budget, a prefix hit a head start on ``num_computed_tokens``, a decode a gap of one.
+
+``schedule`` advances ``num_computed_tokens`` when it plans a step, and counts the token the step
+will sample as pending until ``update`` brings it back. So the next step can be planned while this
+one still runs on the device (async scheduling): a pending token counts in the gap, and the step
+that runs it reads its id on the device.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import TYPE_CHECKING
 from selfhost.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
     from selfhost.config import EngineConfig
     from selfhost.kv_cache import KVCacheManager
@@ -31,7 +36,22 @@ class ScheduledBatch:
 
     requests: list[Request] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    """Each request's first position this step (its computed tokens before the step)."""
+    samples: list[bool] = field(default_factory=list)
+    """Whether the step runs the request's last token (known or pending), so it samples the next."""
     preempted: list[Request] = field(default_factory=list)
+
+    def add(self, request: Request, num_new: int) -> None:
+        """Plan ``num_new`` tokens of ``request``; advances its computed tokens and, if it samples, its pending ones."""
+        start = request.num_computed_tokens
+        samples = start + num_new == request.num_tokens + request.num_pending_tokens
+        self.requests.append(request)
+        self.num_new_tokens.append(num_new)
+        self.starts.append(start)
+        self.samples.append(samples)
+        request.num_computed_tokens = start + num_new
+        request.num_pending_tokens += samples
 
     @property
     def total_tokens(self) -> int:
@@ -41,11 +61,7 @@ class ScheduledBatch:
     @property
     def sampling_requests(self) -> list[Request]:
         """Requests whose last token runs this step, so the step samples their next token."""
-        return [
-            r
-            for r, n in zip(self.requests, self.num_new_tokens, strict=True)
-            if r.num_computed_tokens + n == r.num_tokens
-        ]
+        return [r for r, s in zip(self.requests, self.samples, strict=True) if s]
 
 
 class Scheduler:
@@ -77,7 +93,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
+            if self._ends_with_pending(request):
+                i += 1  # its pending token finishes it: running it again would be wasted
+                continue
+            num_new = self._chunk(request.num_tokens + request.num_pending_tokens - request.num_computed_tokens, budget)
             # NOTE(crossway): when blocks run out, preempt the newest running request (the end of
             # the list) and retry; a request can end up preempting itself. Victims always sit after
             # index i, so nothing already in this step's batch is preempted.
@@ -89,14 +108,15 @@ class Scheduler:
                     break
             if request.status is not RequestStatus.RUNNING:
                 break
-            batch.requests.append(request)
-            batch.num_new_tokens.append(num_new)
+            batch.add(request, num_new)
             budget -= num_new
             i += 1
         if batch.preempted:
             return batch  # no admissions in a step that had to preempt
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             request = self.waiting[0]
+            if request.num_pending_tokens:
+                break  # preempted while its last step ran: admit it once that token is known
             hit = self.kv.find_prefix(request)
             num_new = self._chunk(request.num_tokens - hit.num_tokens, budget)
             if self.kv.allocate_slots(request, num_new, hit.blocks) is None:
@@ -107,10 +127,18 @@ class Scheduler:
                 request.num_cached_tokens = hit.num_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            batch.requests.append(request)
-            batch.num_new_tokens.append(num_new)
+            batch.add(request, num_new)
             budget -= num_new
         return batch
+
+    def _ends_with_pending(self, request: Request) -> bool:
+        if not request.num_pending_tokens:
+            return False
+        outputs = request.num_output_tokens + request.num_pending_tokens
+        return (
+            outputs >= request.params.max_tokens
+            or request.num_tokens + request.num_pending_tokens >= self.max_model_len
+        )
 
     def _chunk(self, remaining: int, budget: int) -> int:
         limit = self.cfg.long_prefill_token_threshold or remaining
@@ -124,28 +152,22 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def update(self, batch: ScheduledBatch, sampled: dict[str, int]) -> list[Request]:
-        """Advance computed tokens, append sampled tokens, apply token-based stops.
+    def update(self, requests: Sequence[Request], tokens: Sequence[int]) -> None:
+        """Bring back a step's sampled tokens: append each to its request and apply token-based stops.
 
         Args:
-            batch: the step's plan, as returned by ``schedule``.
-            sampled: request id -> sampled token, for the batch's sampling requests.
-
-        Returns:
-            The requests that got a new token this step (finished ones already freed).
+            requests: the step's sampling requests (``ScheduledBatch.sampling_requests``), in order.
+            tokens: their sampled tokens. A request that finished meanwhile (aborted, or stopped
+                by the step before while this one ran) drops its token.
         """
-        updated = []
-        for request, num_new in zip(batch.requests, batch.num_new_tokens, strict=True):
-            request.num_computed_tokens += num_new
-            token = sampled.get(request.request_id)
-            if token is None:
+        for request, token in zip(requests, tokens, strict=True):
+            request.num_pending_tokens -= 1
+            if request.status.finished:
                 continue
             request.append_output_token(token)
             status = self._check_stop(request, token)
             if status is not None:
                 self.finish(request, status)
-            updated.append(request)
-        return updated
 
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
         params = request.params

@@ -40,12 +40,19 @@ def forward(
     positions: torch.Tensor,
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     meta: ops.AttentionMetadata,
+    *,
+    decode_prefix: int | None = None,
 ) -> torch.Tensor:
     """``LlamaForCausalLM.forward`` on the kernels: ``(N,)`` ids at ``(N,)`` positions -> normed hidden ``(N, C)``.
 
     Only tensor shapes steer the launches for an all-decode ``meta``, so the pass can be captured in
     a CUDA graph and replayed with new ids, positions, slots (negative: skip the write), block
     tables and lengths (0: a padding row with a zero attention output).
+
+    ``decode_prefix`` (the padded mixed steps of ``selfhost.step_graphs``) takes the static mixed
+    path instead: the decode kernel over rows ``[0, decode_prefix)`` (``meta.decode_lens`` 0 on
+    rows that are not decode rows), then the prefill kernel over ``meta.prefill_batch`` with its
+    grid sized by ``max_query_len`` alone; again only shapes steer the launches.
     """
     eps = model.cfg.rms_norm_eps
     half = model.cfg.head_dim // 2
@@ -57,7 +64,7 @@ def forward(
     layers = cast("list[DecoderLayer]", list(model.layers))
     for layer, (k_cache, v_cache) in zip(layers, kv_caches, strict=True):
         h, residual = rms_norm_residual(x, residual, layer.attn_norm, eps)
-        x = _attention(layer.attn, h, positions, cos, sin, k_cache, v_cache, meta)
+        x = _attention(layer.attn, h, positions, cos, sin, k_cache, v_cache, meta, decode_prefix)
         h, residual = rms_norm_residual(x, residual, layer.mlp_norm, eps)
         x = layer.mlp.down(silu_and_mul(layer.mlp.gate_up(h)))
     out, _ = rms_norm_residual(x, residual, model.norm, eps)
@@ -73,6 +80,7 @@ def _attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: ops.AttentionMetadata,
+    decode_prefix: int | None = None,
 ) -> torch.Tensor:
     N = x.shape[0]
     qkv = attn.qkv(x)  # (N, (nh + 2 nkv) hd)
@@ -82,6 +90,8 @@ def _attention(
     rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache, meta.slot_mapping)  # q rotated in place
     if meta.all_decode:
         o = _decode(q, k_cache, v_cache, meta, attn.scale)
+    elif decode_prefix is not None:
+        o = _static_mixed(q, k_cache, v_cache, meta, attn.scale, decode_prefix)
     else:
         o = torch.empty((N, attn.nh, attn.hd), dtype=x.dtype, device=x.device)
         if meta.decode_rows.numel():
@@ -117,6 +127,46 @@ def _prefill(
         return
     nkv, hd = k_cache.shape[2], k_cache.shape[3]
     ops.prefill_attention(q, k_cache.view(-1, nkv, hd), v_cache.view(-1, nkv, hd), meta.prefills, o, scale)
+
+
+def _static_mixed(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: ops.AttentionMetadata,
+    scale: float,
+    decode_prefix: int,
+) -> torch.Tensor:
+    """Attention of a padded mixed step: decode kernel over the leading rows, prefill kernel over the sequences.
+
+    NOTE(crossway): the decode kernel runs over rows ``[0, decode_prefix)`` whatever they hold; its
+    length-0 rows (multi-token or padding rows) come out zero, and the prefill kernel, launched
+    after it, overwrites the multi-token rows, so launch order gives every real row its kernel's
+    output without a gather or scatter. Rows past ``decode_prefix`` may be padding, which neither
+    kernel writes: they start at zero, since uninitialised memory there could overflow in the
+    later row-wise ops (harmless to real rows, but the interpreter raises on it); when
+    ``decode_prefix`` covers every row, ``empty`` is enough.
+    """
+    pb = meta.prefill_batch
+    if pb is None:
+        raise ValueError("the static mixed path needs AttentionMetadata.prefill_batch")
+    new = torch.zeros if q.shape[0] > decode_prefix else torch.empty
+    o = new(q.shape, dtype=q.dtype, device=q.device)  # (N, nh, hd)
+    if decode_prefix:
+        o[:decode_prefix] = _decode(q[:decode_prefix], k_cache, v_cache, meta, scale)
+    paged_prefill_attention(
+        q,
+        k_cache,
+        v_cache,
+        pb.block_tables,
+        pb.query_starts,
+        pb.query_lens,
+        pb.seq_lens,
+        pb.max_query_len,
+        scale,
+        out=o,
+    )
+    return o
 
 
 def _decode(

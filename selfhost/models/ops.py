@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (the torch convention)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 @dataclass(slots=True)
@@ -68,6 +72,14 @@ class AttentionMetadata:
     """``prefills`` again, for the kernel path's paged prefill attention; None when there are none."""
 
 
+def upload(values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a device tensor, copied behind the work already queued (no wait for it on a GPU)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def build_attention_metadata(
     query_start: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int, device: torch.device
 ) -> AttentionMetadata:
@@ -90,7 +102,7 @@ def build_attention_metadata(
             decode_tables.append(table[: -(-ctx_len // block_size)])
             decode_lens.append(ctx_len)
             continue
-        blocks = torch.tensor(table[: -(-ctx_len // block_size)], dtype=torch.long, device=device)
+        blocks = upload(table[: -(-ctx_len // block_size)], torch.long, device)
         offsets = torch.arange(block_size, device=device)
         slots = (blocks.unsqueeze(1) * block_size + offsets).flatten()[:ctx_len]  # (L,)
         mask = None
@@ -101,15 +113,15 @@ def build_attention_metadata(
         prefill_rows.append((start, q_len, ctx_len, table[: -(-ctx_len // block_size)]))
     bmax = max((len(t) for t in decode_tables), default=0)
     padded = [b for t in decode_tables for b in t + [0] * (bmax - len(t))]
-    lens = torch.tensor(decode_lens, dtype=torch.long, device=device)
+    lens = upload(decode_lens, torch.long, device)
     pad = torch.arange(bmax * block_size, device=device).unsqueeze(0) >= lens.unsqueeze(1)  # (D, Bmax * bs)
     # NOTE(crossway): an additive float mask, built once per step: SDPA would turn a bool mask
     # into this in every layer.
     mask = torch.zeros(pad.shape, device=device).masked_fill_(pad, float("-inf"))
     return AttentionMetadata(
-        slot_mapping=torch.tensor(new_slots, dtype=torch.long, device=device),
-        decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=device),
-        decode_blocks=torch.tensor(padded, dtype=torch.long, device=device),
+        slot_mapping=upload(new_slots, torch.long, device),
+        decode_rows=upload(decode_rows, torch.long, device),
+        decode_blocks=upload(padded, torch.long, device),
         decode_mask=mask[:, None, None, :],  # (D, 1, 1, Bmax * bs)
         prefills=prefills,
         all_decode=not prefills,
@@ -124,7 +136,7 @@ def _prefill_batch(rows: list[tuple[int, int, int, list[int]]], device: torch.de
     bmax = max(len(r[3]) for r in rows)
     flat = [r[0] for r in rows] + [r[1] for r in rows] + [r[2] for r in rows]
     flat += [b for r in rows for b in r[3] + [0] * (bmax - len(r[3]))]
-    packed = torch.tensor(flat, dtype=torch.int32, device=device)  # (3P + P * bmax,)
+    packed = upload(flat, torch.int32, device)  # (3P + P * bmax,)
     return PrefillBatch(
         query_starts=packed[:P],
         query_lens=packed[P : 2 * P],

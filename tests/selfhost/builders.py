@@ -36,5 +36,6 @@ def run_step(scheduler: Scheduler, token: int = 7) -> list[tuple[str, int]]:
     """Schedule one step and feed back ``token`` for every sampling request; return (id, num_new) pairs."""
     batch = scheduler.schedule()
     plan = [(r.request_id, n) for r, n in zip(batch.requests, batch.num_new_tokens, strict=True)]
-    scheduler.update(batch, {r.request_id: token for r in batch.sampling_requests})
+    sampling = batch.sampling_requests
+    scheduler.update(sampling, [token] * len(sampling))
     return plan

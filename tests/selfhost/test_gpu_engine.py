@@ -104,3 +104,22 @@ def test_gpu_bf16_matches_hf_bf16_by_top5_rule(smollm2: Loaded, hf_smollm2: Any)
     # NOTE(crossway): on the H100, 4 of 12 prompts agreed for all 24 tokens (2026-11-23): bf16
     # rounding differs between our kernels (fp32 rotary tables, Triton attention) and HF's ops
     assert exact >= 1
+
+
+def test_gpu_fp32_step_graphs_equal_eager_with_chunked_prefill_and_prefix_hits(
+    smollm2: Loaded, gpu_fp32: Loaded
+) -> None:
+    """Mixed and prefill steps replayed from ``StepGraphs`` give the eager engine's greedy ids, token for token."""
+    ids = [chat_ids(smollm2, p) for p in CHAT_PROMPTS]
+    # a 48-token budget chunks every prompt and mixes its chunks with running decodes; the shared
+    # chat preamble, and the second round, hit cached prefixes and run only their tails
+    eager = make_engine(gpu_fp32, device="cuda", enforce_eager=True, max_num_batched_tokens=48)
+    graphs = make_engine(gpu_fp32, device="cuda", max_num_batched_tokens=48)
+    step_graphs = getattr(graphs.runner, "step_graphs", None)
+    assert step_graphs is not None, "ModelRunner.step_graphs is not wired: the engine never replays StepGraphs"
+    want = eager.generate(ids, GREEDY)
+    assert graphs.generate(ids, GREEDY) == want
+    first_round = step_graphs.num_replays
+    assert graphs.generate(ids, GREEDY) == eager.generate(ids, GREEDY) == want
+    assert first_round > 0
+    assert step_graphs.num_replays > first_round  # the prefix hits' tails replayed too
