@@ -19,13 +19,28 @@ import torch
 from selfhost.models.ops import AttentionMetadata
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from torch.cuda import _POOL_HANDLE
 
     from selfhost.models.llama import LlamaForCausalLM
 
 _IDS, _POS, _SLOTS, _LENS, _SRC = range(5)
+
+
+def capture(
+    step: Callable[[], torch.Tensor], device: torch.device, pool: _POOL_HANDLE | None
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """Run ``step`` once on a side stream (compiling its kernels), then capture it in ``pool``; return the graph and its output."""
+    side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = step()
+    return graph, out
 
 
 class DecodeGraphs:
@@ -95,16 +110,8 @@ class DecodeGraphs:
                 pos = self._inputs[_POS, :bs]
                 return model.compute_logits(model(ids, pos, kv_caches, meta, kernels=True))  # (bs, V) fp32
 
-            side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):  # compiles the kernels for this size before capture
-                step()
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._logits[bs] = step()
-            pool = graph.pool()
-            self._graphs[bs] = graph
+            self._graphs[bs], self._logits[bs] = capture(step, device, pool)
+            pool = self._graphs[bs].pool()
         torch.cuda.synchronize(device)
 
     def run(

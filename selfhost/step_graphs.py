@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from kernels.paged_prefill import prefill_kernel_fits
+from selfhost.graphs import capture
 from selfhost.models import fused
 from selfhost.models.ops import AttentionMetadata, PrefillBatch
 
@@ -191,17 +192,8 @@ class StepGraphs:
         self._slens.zero_()
         pool = self.pool
         for t in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
-            step = self._steps[t]
-            side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):  # compiles the kernels for this size before capture
-                step()
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._logits[t] = step()
-            pool = graph.pool()
-            self._graphs[t] = graph
+            self._graphs[t], self._logits[t] = capture(self._steps[t], device, pool)
+            pool = self._graphs[t].pool()
         self.pool = pool
         torch.cuda.synchronize(device)
 
