@@ -2,8 +2,10 @@
 
 Owns the KV cache tensors (one ``(num_blocks, block_size, nkv, hd)`` key and value tensor per
 layer), the flattening of many requests' new tokens into one batch with positions and slot
-mapping, and picking the rows that are sampled. Does not own which blocks a request has (it reads
-``KVCacheManager`` block tables) nor sampling.
+mapping, the device buffer of the last sampled ids (a step planned before they reach the host
+reads a request's newest token there), picking the rows that are sampled, and choosing between a
+decode graph, a step graph and the eager pass. Does not own which blocks a request has (it reads
+``KVCacheManager`` block tables), the graphs themselves (``graphs``, ``step_graphs``) nor sampling.
 """
 
 from __future__ import annotations
