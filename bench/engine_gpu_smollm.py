@@ -181,10 +181,14 @@ def chunked_itl(
     steady = timed_steps(steps)
     long_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
+    vocab = engine.model_config.vocab_size
+    prompts = {
+        s: [300 + (s * 17 + j * 7) % (vocab - 300) for j in range(long_len)] for s in range(0, arrivals * every, every)
+    }
+
     def arrive(s: int) -> None:
-        if s % every == 0 and s // every < arrivals:
-            prompt = [300 + (s * 17 + j * 7) % 40000 for j in range(long_len)]
-            engine.add_request(f"long{s}", prompt, long_params)
+        if s in prompts:  # built beforehand: a client's list, not the engine's work
+            engine.add_request(f"long{s}", prompts[s], long_params)
 
     mixed = timed_steps(arrivals * every + every, arrive)
     engine.abort([f"run{i}" for i in range(running)])
@@ -200,6 +204,7 @@ def chunked_itl(
         "ratio": p99 / steady_med,
         "mixed_max_ms": max(mixed),
         "mixed_median_ms": statistics.median(mixed),
+        "mixed_slowest": sorted(((round(t, 2), i) for i, t in enumerate(mixed)), reverse=True)[:3],  # (ms, step)
     }
 
 
@@ -323,17 +328,22 @@ def main() -> None:
     if want("ttft"):
         run("ttft_4k", lambda: ttft(engine(), 128 if smoke else 4096, 1 if smoke else 3))
     if want("chunked"):
-        run(
-            "chunked_itl",
-            lambda: chunked_itl(
-                engine("none", max_num_batched_tokens=64 if smoke else 512, max_num_seqs=8 if smoke else 160),
-                running=4 if smoke else 128,
-                long_len=200 if smoke else 7680,
-                arrivals=2,
-                every=4 if smoke else 20,
-                steps=5 if smoke else 50,
-            ),
-        )
+        # the step budget sets the chunk: 512 tokens (384 of prompt beside 128 decodes), and 256
+        for name, budget in (("chunked_itl", 512), ("chunked_itl_256", 256)):
+            run(
+                name,
+                partial(
+                    lambda b: chunked_itl(
+                        engine("none", max_num_batched_tokens=b // 8 if smoke else b, max_num_seqs=8 if smoke else 160),
+                        running=4 if smoke else 128,
+                        long_len=200 if smoke else 7680,
+                        arrivals=2,
+                        every=4 if smoke else 20,
+                        steps=5 if smoke else 50,
+                    ),
+                    budget,
+                ),
+            )
     if want("quality"):
         text = TEXT_PATH.read_text()
         run("quality", lambda: quality({q: engine(q) for q in ("none", "int8", "int4", "gguf")}, text))

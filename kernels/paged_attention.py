@@ -30,6 +30,8 @@ from kernels._common import (
     triton,
 )
 
+_MIN_PARTITION = 512
+
 if triton is not None:
 
     @triton.jit
@@ -157,7 +159,8 @@ def paged_decode_attention(
         seq_lens: ``(B,)`` int32/int64 context lengths, at most ``max_blocks * block_size``.
         scale: softmax scale.
         partition: tokens per split-KV partition (rounded up to a multiple of the loop tile); by
-            default enough partitions for two programs per multiprocessor over the table's capacity.
+            default enough partitions for two programs per multiprocessor over the table's capacity
+            (on a GPU at least 512 tokens each).
         block_n: context tokens per loop step; default 64 on the GPU, 16 in the interpreter.
 
     Returns:
@@ -189,6 +192,11 @@ def paged_decode_attention(
     if partition is None:
         want = max(1, -(-2 * num_sms(q.device) // (B * nkv)))  # partitions per (sequence, KV head)
         partition = -(-max_ctx // want)
+        if q.device.type == "cuda":
+            # NOTE(h7): at least 512 tokens a partition (vLLM's v2 size): at batch 1 the grid is sized
+            # for the table's whole capacity (8k), and 64 partitions of 128 tokens made a short
+            # context's split and merge launch ~200 programs each for the 3 that had keys.
+            partition = max(partition, _MIN_PARTITION)
     part = max(BLOCK_N, -(-partition // BLOCK_N) * BLOCK_N)
     S = max(1, -(-max_ctx // part))
     part_out = torch.empty((B, nh, S, hd), dtype=torch.float32, device=q.device)

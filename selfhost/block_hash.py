@@ -32,13 +32,19 @@ def hash_block(parent: BlockHash, token_ids: Sequence[int], extra_keys: Sequence
 
 
 def extend_block_hashes(
-    hashes: list[BlockHash], token_ids: Sequence[int], block_size: int, salt: str | None = None
+    hashes: list[BlockHash],
+    token_ids: Sequence[int],
+    block_size: int,
+    salt: str | None = None,
+    num_blocks: int | None = None,
 ) -> list[BlockHash]:
     """Append the hashes of blocks of ``token_ids`` that became full since ``hashes`` was last extended.
 
-    Mutates and returns ``hashes``; a partial trailing block is never hashed.
+    Mutates and returns ``hashes``; a partial trailing block is never hashed. ``num_blocks`` stops at
+    that many hashes (a long prompt's blocks are hashed as its chunks are scheduled, not all at once).
     """
-    for i in range(len(hashes), len(token_ids) // block_size):
+    full = len(token_ids) // block_size
+    for i in range(len(hashes), full if num_blocks is None else min(full, num_blocks)):
         parent = hashes[i - 1] if i else ROOT_HASH
         extra = (salt,) if (i == 0 and salt is not None) else ()
         hashes.append(hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra))

@@ -157,7 +157,7 @@ class LLMEngine:
         if not token_ids:
             raise ValueError("the prompt is empty")
         vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in token_ids):
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
         if len(token_ids) >= self.max_model_len:
             raise ValueError(

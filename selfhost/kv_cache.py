@@ -157,13 +157,13 @@ class KVCacheManager:
         """
         if not self.enable_prefix_caching:
             return PrefixHit([], 0)
-        hashes = request.update_block_hashes(self.block_size)
         # NOTE(crossway): at most num_tokens - 1 tokens may hit: the last token must still run
-        # through the model to give the logits of the next one.
+        # through the model to give the logits of the next one. Blocks are hashed one at a time up
+        # to the first miss: a cold 8k prompt costs one hash here, not 500 on the engine thread.
         max_blocks = (request.num_tokens - 1) // self.block_size
         blocks: list[KVBlock] = []
-        for block_hash in hashes[:max_blocks]:
-            block = self.pool.lookup(block_hash)
+        for i in range(max_blocks):
+            block = self.pool.lookup(request.update_block_hashes(self.block_size, i + 1)[i])
             if block is None:
                 break
             blocks.append(block)
@@ -209,7 +209,7 @@ class KVCacheManager:
         start = self._num_hashed.get(request.request_id, 0)
         if num_tokens // self.block_size <= start:
             return  # no block filled up since the last call: most decode steps of every request
-        hashes = request.update_block_hashes(self.block_size)
+        hashes = request.update_block_hashes(self.block_size, num_tokens // self.block_size)
         end = min(num_tokens // self.block_size, len(hashes))
         for i in range(start, end):
             self.pool.cache(table[i], hashes[i])

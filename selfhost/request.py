@@ -108,9 +108,9 @@ class Request:
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
 
-    def update_block_hashes(self, block_size: int) -> list[BlockHash]:
-        """Hash blocks that became full; return all of this request's block hashes."""
-        return extend_block_hashes(self.block_hashes, self.all_token_ids, block_size, self.cache_salt)
+    def update_block_hashes(self, block_size: int, num_blocks: int | None = None) -> list[BlockHash]:
+        """Hash blocks that became full (the first ``num_blocks`` at most); return this request's block hashes."""
+        return extend_block_hashes(self.block_hashes, self.all_token_ids, block_size, self.cache_salt, num_blocks)
 
     def __repr__(self) -> str:
         return (

@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 
 
 def _engine(device: torch.device | str, **overrides: object) -> LLMEngine:
-    cfg = EngineConfig(block_size=4, num_kv_blocks=128, max_model_len=128, max_num_seqs=8, device=str(device))
+    # eager: the spies below read device tensors, which a CUDA graph capture forbids (graphs: test_step_graphs)
+    cfg = EngineConfig(
+        block_size=4, num_kv_blocks=128, max_model_len=128, max_num_seqs=8, device=str(device), enforce_eager=True
+    )
     return LLMEngine(tiny_model(device), TINY, None, replace(cfg, **overrides))  # type: ignore[arg-type]
 
 
@@ -90,3 +93,28 @@ def test_kernel_prefill_falls_back_to_sdpa_when_the_kernel_cannot_launch(
     assert got == expected
     assert spy.launches == 0
     assert spy.sdpa > 0
+
+
+def test_short_chunks_behind_a_long_prefix_run_as_rows_and_give_the_torch_ids(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of up to ``SHORT_QUERY`` tokens behind ``LONG_PREFIX`` go in as one-token rows (the decode kernel)."""
+    from selfhost import runner
+
+    expected = _two_passes(_engine("cpu", use_kernels=False, max_num_batched_tokens=8))
+    monkeypatch.setattr(runner, "LONG_PREFIX", 1)  # any prefix counts as long here
+    spy = _Spy(monkeypatch)
+    split: list[int] = []  # per step: sequences in the flat batch minus requests
+    real_flatten = runner.ModelRunner._flatten
+
+    def flatten(self: runner.ModelRunner, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        flat = real_flatten(self, batch, *args, **kwargs)
+        split.append(len(flat.seq_lens) - len(batch.requests))
+        return flat
+
+    monkeypatch.setattr(runner.ModelRunner, "_flatten", flatten)
+    got = _two_passes(_engine(device, use_kernels=True, max_num_batched_tokens=8))
+    assert got == expected
+    assert spy.behind_prefix == 0  # every chunk behind a prefix went in as rows
+    assert spy.launches > 0  # first chunks (no prefix) still ran on the prefill kernel
+    assert max(split) > 0  # chunks did become rows

@@ -162,3 +162,19 @@ def test_prefix_caching_off_never_hits() -> None:
     hit, _ = admit(kv, make_request("b", 9))
     assert hit.blocks == []
     assert kv.pool.cached_block_ids() == {}
+
+
+def test_cold_prompt_is_hashed_up_to_its_first_miss_then_as_its_chunks_are_scheduled() -> None:
+    kv = KVCacheManager(20, 4)
+    req = make_request("a", 33)  # 8 full blocks
+    hit, _ = admit(kv, req, num_new=10)  # a first chunk: blocks 0 and 1 fill
+    assert hit.num_tokens == 0
+    assert len(req.block_hashes) == 2  # one for the lookup's miss, one more for the filled block
+    req.num_computed_tokens = 10
+    kv.allocate_slots(req, 13)  # up to token 23: five full blocks
+    assert len(req.block_hashes) == 5
+    assert sorted(kv.pool.cached_block_ids().values()) == [0, 1, 2, 3, 4]
+    twin = make_request("b", 33)
+    hit = kv.find_prefix(twin)
+    assert hit.num_tokens == 20  # the five cached blocks; the lookup stopped at the sixth
+    assert len(twin.block_hashes) == 6
