@@ -260,6 +260,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny counts (a CPU check of the code)")
     ap.add_argument("--only", default="", help="comma-separated sections")
     ap.add_argument("--json", default="bench/results/engine_gpu_smollm.json")
+    ap.add_argument("--offline-pairs", type=int, default=2, help="alternated prefix-cache on/off offline runs")
     args = ap.parse_args()
     smoke = args.smoke
     cuda = args.device.startswith("cuda")
@@ -319,12 +320,21 @@ def main() -> None:
         # the warm-up runs the whole workload once (another seed): Triton compiles a kernel per new
         # shape class, and a first timed run would pay for those; then on/off alternate on one seed
         run("offline_warmup", lambda: offline(engine(), n, lo, hi, seed=1))
-        for rep in (1, 2):
+        for rep in range(1, args.offline_pairs + 1):
             run(f"offline_{rep}", lambda: offline(engine(), n, lo, hi, seed=0))
             run(
                 f"offline_no_prefix_cache_{rep}",
                 lambda: offline(engine("none", enable_prefix_caching=False), n, lo, hi, seed=0),
             )
+        ratios = [
+            results[f"offline_{r}"]["output_tok_s"] / results[f"offline_no_prefix_cache_{r}"]["output_tok_s"]
+            for r in range(1, args.offline_pairs + 1)
+            if "output_tok_s" in results.get(f"offline_{r}", {})
+            and "output_tok_s" in results.get(f"offline_no_prefix_cache_{r}", {})
+        ]
+        if ratios:  # prefix caching on / off, pair by pair: its cost when nothing hits
+            results["offline_prefix_on_off"] = {"ratios": ratios, "median": statistics.median(ratios)}
+            print("offline_prefix_on_off", results["offline_prefix_on_off"])
     if want("ttft"):
         run("ttft_4k", lambda: ttft(engine(), 128 if smoke else 4096, 1 if smoke else 3))
     if want("chunked"):
