@@ -90,6 +90,11 @@ class AsyncEngine:
         """
         loop = asyncio.get_running_loop()
         rid = request_id or f"req-{next(self._ids)}"
+        tokenizer = self.engine.tokenizer
+        if isinstance(prompt, str) and tokenizer is not None:
+            # NOTE(crossway): encoded here, on a worker thread, not on the engine thread between
+            # steps, where a long prompt would hold up every running stream's next token.
+            prompt = await asyncio.to_thread(tokenizer.encode, prompt)
         outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         added: asyncio.Future[None] = loop.create_future()
 

@@ -79,16 +79,23 @@ class OutputProcessor:
         development VM, 2 ms batched, and the GPU idles while the host does this work.
         """
         states = [self._states[r.request_id] for r in requests]
-        texted = [i for i, r in enumerate(requests) if not (r.status.finished and r.status.finish_reason == "stop")]
-        deltas = self._deltas([states[i] for i in texted], [token_ids[i] for i in texted])
-        delta_of = dict(zip(texted, deltas, strict=True))
+        statuses = [r.status for r in requests]
+        texted = [i for i, st in enumerate(statuses) if st.finish_reason != "stop"]  # EOS or a stop token id: no text
+        deltas: list[str | None] = [None] * len(requests)
+        for i, delta in zip(
+            texted, self._deltas([states[i] for i in texted], [token_ids[i] for i in texted]), strict=True
+        ):
+            deltas[i] = delta
         outputs = []
-        for i, (request, state, token_id, lp) in enumerate(zip(requests, states, token_ids, logprobs, strict=True)):
+        for request, state, status, delta, token_id, lp in zip(
+            requests, states, statuses, deltas, token_ids, logprobs, strict=True
+        ):
             stops = request.params.stop
-            finished, reason = request.status.finished, request.status.finish_reason
-            if i in delta_of:  # an EOS or stop token id adds no text
-                searched_from = max(0, len(state.text) - max((len(s) for s in stops), default=0) + 1) if stops else 0
-                state.text += delta_of[i]
+            reason = status.finish_reason
+            finished = reason is not None
+            if delta is not None:
+                searched_from = max(0, len(state.text) - max(len(s) for s in stops) + 1) if stops else 0
+                state.text += delta
                 hit = _find_stop(state.text, stops, searched_from) if stops else None
                 if hit is not None:
                     state.text = state.text[: hit[0]]
@@ -102,16 +109,16 @@ class OutputProcessor:
                 self.remove(request.request_id)
             outputs.append(
                 RequestOutput(
-                    request_id=request.request_id,
-                    token_ids=[token_id],
-                    text=text,
-                    finished=finished,
-                    finish_reason=reason,
-                    stop_reason=request.stop_reason,
-                    logprobs=[lp] if lp is not None else [],
-                    num_prompt_tokens=request.num_prompt_tokens,
-                    num_output_tokens=request.num_output_tokens,
-                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                    request.request_id,
+                    [token_id],
+                    text,
+                    finished,
+                    reason,
+                    request.stop_reason,
+                    [lp] if lp is not None else [],
+                    request.num_prompt_tokens,
+                    len(request.all_token_ids) - request.num_prompt_tokens,
+                    max(request.num_cached_tokens, 0),
                 )
             )
         return outputs

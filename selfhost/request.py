@@ -39,18 +39,20 @@ class RequestStatus(enum.Enum):
     @property
     def finished(self) -> bool:
         """Whether the request is done (for any reason)."""
-        return self in _FINISH_REASONS
+        # NOTE(crossway): keyed by the value, a str whose hash is cached: hashing an enum member
+        # runs Python code, and the engine asks this of every running request every step.
+        return self._value_ in _FINISH_REASONS
 
     @property
     def finish_reason(self) -> FinishReason | None:
         """The OpenAI ``finish_reason`` of a finished status, else None."""
-        return _FINISH_REASONS.get(self)
+        return _FINISH_REASONS.get(self._value_)
 
 
-_FINISH_REASONS: dict[RequestStatus, FinishReason] = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH: "length",
-    RequestStatus.FINISHED_ABORTED: "abort",
+_FINISH_REASONS: dict[str, FinishReason] = {
+    RequestStatus.FINISHED_STOPPED.value: "stop",
+    RequestStatus.FINISHED_LENGTH.value: "length",
+    RequestStatus.FINISHED_ABORTED.value: "abort",
 }
 
 
