@@ -10,26 +10,19 @@ cache after the step must equal the eager step's to float rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
-from selfhost.config import EngineConfig, ModelConfig
-from selfhost.models.llama import LlamaForCausalLM
+from selfhost.config import EngineConfig
 from selfhost.models.ops import build_attention_metadata
 from selfhost.step_graphs import StepGraphs
+from tests.kernels.test_engine_kernels import TINY, tiny_model
 
-TINY = ModelConfig(
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=6,
-    num_kv_heads=2,
-    head_dim=16,
-    max_position_embeddings=256,
-    tie_word_embeddings=True,
-)
+if TYPE_CHECKING:
+    from selfhost.models.llama import LlamaForCausalLM
+
 BLOCK = 4
 NUM_BLOCKS = 64
 MAX_BLOCKS = 12  # 48 tokens of context per sequence
@@ -56,18 +49,6 @@ class Step:
     seq_lens: list[int]
     tables: list[list[int]]
     logits_rows: list[int]
-
-
-def tiny_model() -> LlamaForCausalLM:
-    gen = torch.Generator().manual_seed(0)
-    model = LlamaForCausalLM(TINY, 256)
-    for name, p in model.named_parameters():
-        p.data = (
-            (1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            if name.endswith("norm")
-            else 0.2 * torch.randn(p.shape, generator=gen)
-        )
-    return model.to(DEVICE)
 
 
 def random_caches() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -119,7 +100,7 @@ def eager_step(model: LlamaForCausalLM, caches: list[tuple[torch.Tensor, torch.T
 
 
 def check_static_equals_eager(seqs: list[Seq], expect_tokens: int, **kw: int) -> StepGraphs:
-    model = tiny_model()
+    model = tiny_model(DEVICE)
     step = flatten(seqs)
     eager_caches, static_caches = random_caches(), random_caches()
     want = eager_step(model, eager_caches, step)
@@ -163,7 +144,7 @@ def test_step_graphs_runs_a_decode_only_step_and_equals_eager_step() -> None:
 
 def test_step_graphs_reads_pending_tokens_from_last_tokens() -> None:
     """Rows whose token was sampled on the device (async scheduling) take it from ``last_tokens``."""
-    model = tiny_model()
+    model = tiny_model(DEVICE)
     step = flatten([Seq(6, 1), Seq(12, 5), Seq(9, 1)])
     want = eager_step(model, random_caches(), step)
     last_tokens = torch.tensor([50, step.ids[6], 51, step.ids[0]], device=DEVICE)  # int64, like the sampler's
@@ -185,7 +166,7 @@ def test_step_graphs_reads_pending_tokens_from_last_tokens() -> None:
 
 
 def test_step_graphs_returns_none_when_multi_token_sequences_exceed_pcap() -> None:
-    graphs = make_graphs(tiny_model(), random_caches(), max_multi=2)
+    graphs = make_graphs(tiny_model(DEVICE), random_caches(), max_multi=2)
     step = flatten([Seq(5, 1), Seq(4, 4), Seq(6, 3), Seq(8, 2)])
     assert not graphs.fits(10, 1, 3)
     args = (step.ids, step.positions, step.slots, step.query_starts, step.seq_lens, step.tables, step.logits_rows)
@@ -194,7 +175,7 @@ def test_step_graphs_returns_none_when_multi_token_sequences_exceed_pcap() -> No
 
 
 def test_step_graphs_fits_only_steps_within_its_buckets_and_caps() -> None:
-    graphs = make_graphs(tiny_model(), random_caches(), max_num_seqs=4, max_multi=2)
+    graphs = make_graphs(tiny_model(DEVICE), random_caches(), max_num_seqs=4, max_multi=2)
     assert graphs.fits(32, 0, 2)
     assert not graphs.fits(33, 0, 1)  # more tokens than the largest bucket
     assert graphs.fits(16, 4, 1)
