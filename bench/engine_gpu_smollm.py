@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from bench.gpu_decoder import LLAMA3_8B, Shape
 from selfhost import loader
 from selfhost.config import DType, EngineConfig, ModelConfig
 from selfhost.engine import LLMEngine
@@ -50,19 +51,20 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-LLAMA3_8B = ModelConfig(
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_layers=32,
-    num_heads=32,
-    num_kv_heads=8,
-    head_dim=128,
-    rope_theta=500000.0,
-    rms_norm_eps=1e-5,
-    max_position_embeddings=8192,
-    architecture="llama",
-)
+def model_config(shape: Shape) -> ModelConfig:
+    """The engine's config of a ``bench.gpu_decoder`` shape (the decode benchmark's 8B one)."""
+    return ModelConfig(
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.inter,
+        num_layers=shape.layers,
+        num_heads=shape.heads,
+        num_kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        rope_theta=shape.rope_theta,
+        rms_norm_eps=shape.eps,
+        max_position_embeddings=8192,
+    )
 
 
 def random_engine(model_cfg: ModelConfig, cfg: EngineConfig) -> LLMEngine:
@@ -299,7 +301,7 @@ def main() -> None:
             small = {} if quant == "none" else {"kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 8}
             cfg = replace(base, quantization=quant, **small)  # type: ignore[arg-type]
             if args.model == "llama3-8b-random":
-                engines[quant] = random_engine(LLAMA3_8B, cfg)
+                engines[quant] = random_engine(model_config(LLAMA3_8B), cfg)
             else:
                 engines[quant] = LLMEngine.from_model(args.model, cfg)
             results.setdefault("load_s", {})[quant] = time.perf_counter() - t0

@@ -22,7 +22,7 @@ from selfhost.metrics import EngineMetrics, MetricsSnapshot
 from selfhost.output import OutputProcessor, RequestOutput
 from selfhost.request import Request, RequestStatus
 from selfhost.runner import ModelRunner, kv_bytes_per_block
-from selfhost.sampling import PendingSample, SamplingParams, launch_sampling
+from selfhost.sampling import PendingSample, SamplingParams
 from selfhost.scheduler import ScheduledBatch, Scheduler
 
 if TYPE_CHECKING:
@@ -209,7 +209,7 @@ class LLMEngine:
         started = time.perf_counter()
         logits = self.runner.execute(batch, self.kv)  # (S, V) for the requests whose last token ran
         sampling = batch.sampling_requests
-        picks = launch_sampling(logits, sampling)
+        picks = PendingSample(logits, sampling)  # launched; resolved in _finish
         if self.config.async_enabled:
             self.runner.record_sampled([r.request_id for r in sampling], picks.picked)
         return _Launched(batch, sampling, picks, started)

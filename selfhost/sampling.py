@@ -83,7 +83,7 @@ class SamplerOutput(NamedTuple):
 
 def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
     """Pick the next token of each request from its ``(B, V)`` fp32 logits row."""
-    return launch_sampling(logits, requests).resolve()
+    return PendingSample(logits, requests).resolve()
 
 
 class PendingSample:
@@ -96,6 +96,7 @@ class PendingSample:
     """
 
     def __init__(self, logits: torch.Tensor, requests: Sequence[Request]) -> None:
+        """Start picking each request's next token from its ``(B, V)`` fp32 logits row."""
         self.requests = requests
         self.picked = logits.argmax(dim=-1)  # (B,) greedy for all, then overwrite the random ones
         """(B,) the picks on the device; seeded rows hold the argmax until ``resolve``."""
@@ -134,11 +135,6 @@ class PendingSample:
                 top=list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else [],
             )
         return SamplerOutput(token_ids, out_logprobs)
-
-
-def launch_sampling(logits: torch.Tensor, requests: Sequence[Request]) -> PendingSample:
-    """Start picking each request's next token from its ``(B, V)`` fp32 logits row (see ``PendingSample``)."""
-    return PendingSample(logits, requests)
 
 
 def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

@@ -112,18 +112,7 @@ def _prefill(
     """Write the multi-token rows of ``o``: on the paged prefill kernel, else SDPA over the gathered context."""
     pb = meta.prefill_batch
     if pb is not None and prefill_kernel_fits(q, k_cache):
-        paged_prefill_attention(
-            q,
-            k_cache,
-            v_cache,
-            pb.block_tables,
-            pb.query_starts,
-            pb.query_lens,
-            pb.seq_lens,
-            pb.max_query_len,
-            scale,
-            out=o,
-        )
+        _prefill_kernel(q, k_cache, v_cache, pb, o, scale)
         return
     nkv, hd = k_cache.shape[2], k_cache.shape[3]
     ops.prefill_attention(q, k_cache.view(-1, nkv, hd), v_cache.view(-1, nkv, hd), meta.prefills, o, scale)
@@ -154,6 +143,19 @@ def _static_mixed(
     o = new(q.shape, dtype=q.dtype, device=q.device)  # (N, nh, hd)
     if decode_prefix:
         o[:decode_prefix] = _decode(q[:decode_prefix], k_cache, v_cache, meta, scale)
+    _prefill_kernel(q, k_cache, v_cache, pb, o, scale)
+    return o
+
+
+def _prefill_kernel(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pb: ops.PrefillBatch,
+    o: torch.Tensor,
+    scale: float,
+) -> None:
+    """The paged prefill kernel over ``pb``'s sequences, writing their rows of ``o``."""
     paged_prefill_attention(
         q,
         k_cache,
@@ -166,7 +168,6 @@ def _static_mixed(
         scale,
         out=o,
     )
-    return o
 
 
 def _decode(
