@@ -25,6 +25,7 @@ import torch
 
 from bench.gpu_decoder import LLAMA3_8B, Decoder, DecodeState, QLinear, Shape, capture
 from kernels import quant_matmul
+from kernels._common import set_pdl
 from kernels.quant_matmul import Config
 
 if TYPE_CHECKING:
@@ -228,7 +229,9 @@ def main() -> None:
     p.add_argument("--hf", default="", help="comma list of eager,compiled")
     p.add_argument("--json", default="")
     p.add_argument("--profile", action="store_true", help="kernel times of one batch-1 step per format")
+    p.add_argument("--no-pdl", action="store_true", help="launch the kernels without programmatic dependent launch")
     a = p.parse_args()
+    set_pdl(not a.no_pdl)
     shape = Shape(layers=a.layers)
     batches = [int(b) for b in a.batches.split(",")]
     res: dict[str, object] = {
@@ -238,6 +241,7 @@ def main() -> None:
         "context": a.context,
         "steps": a.steps,
         "group_size": a.group,
+        "pdl": not a.no_pdl,
         "date": time.strftime("%Y-%m-%d"),
     }
     import triton

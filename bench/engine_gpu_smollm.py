@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from bench.gpu_decoder import LLAMA3_8B, Shape
+from kernels._common import set_pdl
 from selfhost import loader
 from selfhost.config import DType, EngineConfig, ModelConfig
 from selfhost.engine import LLMEngine
@@ -263,7 +264,9 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated sections")
     ap.add_argument("--json", default="bench/results/engine_gpu_smollm.json")
     ap.add_argument("--offline-pairs", type=int, default=2, help="alternated prefix-cache on/off offline runs")
+    ap.add_argument("--no-pdl", action="store_true", help="launch the kernels without programmatic dependent launch")
     args = ap.parse_args()
+    set_pdl(not args.no_pdl)
     smoke = args.smoke
     cuda = args.device.startswith("cuda")
     dtype: DType = "bfloat16" if cuda else "float32"
@@ -281,6 +284,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
         "smoke": smoke,
+        "pdl": not args.no_pdl,
     }
     only = set(filter(None, args.only.split(",")))
     json_path = Path(args.json)

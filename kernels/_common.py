@@ -6,6 +6,7 @@ triton (the ``kernels`` dependency rule).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -27,6 +28,9 @@ __all__ = [
     "interpreting",
     "next_pow2",
     "num_sms",
+    "pdl_args",
+    "pdl_enter",
+    "set_pdl",
     "tl",
     "triton",
 ]
@@ -81,6 +85,36 @@ def num_sms(device: torch.device) -> int:
     return 8
 
 
+_PDL = {"enabled": True}
+
+
+def set_pdl(enabled: bool) -> None:
+    """Allow (the default) or forbid programmatic dependent launch; benchmarks compare the two.
+
+    Takes effect for launches (and CUDA graph captures) made afterwards.
+    """
+    _PDL["enabled"] = enabled
+
+
+@functools.cache
+def _cc_major(index: int) -> int:
+    return int(torch.cuda.get_device_capability(index)[0])
+
+
+def pdl_args(t: torch.Tensor) -> dict[str, bool]:
+    """The launch arguments that turn programmatic dependent launch on for a kernel over ``t``.
+
+    On Hopper and newer, a kernel launched this way may be scheduled while the kernel before it in
+    the stream is still running; it waits in ``pdl_enter`` until that kernel has finished and its
+    writes are visible. What it saves is the launch latency between two kernels (a few
+    microseconds), which is most of the time of the small kernels of a batch-1 decode step. Every
+    kernel launched with these arguments must call ``pdl_enter(PDL)`` before it touches memory.
+    """
+    if _PDL["enabled"] and t.is_cuda and not _INTERPRET and _cc_major(t.device.index or 0) >= 9:
+        return {"PDL": True, "launch_pdl": True}
+    return {}  # the kernels' PDL defaults to False
+
+
 def dot_in_fp32() -> bool:
     """Whether ``tl.dot`` operands must be widened to fp32 first.
 
@@ -115,3 +149,18 @@ def _patch_interpreter_index() -> None:
 
 if HAS_TRITON and _INTERPRET:
     _patch_interpreter_index()
+
+if triton is not None:
+
+    @triton.jit
+    def pdl_enter(PDL: tl.constexpr):  # type: ignore[no-untyped-def]
+        """First statement of a kernel launched with ``pdl_args``: wait for the previous kernel, then let the next one launch.
+
+        NOTE(h7): the wait comes before any load or store, so neither a read of the previous
+        kernel's output nor a write over its input can race it. Letting dependents launch at once
+        is safe for the same reason (they wait in turn) and lets their programs be placed as soon as
+        this kernel's last programs are.
+        """
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()

@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 
-from kernels._common import dot_in_fp32, num_sms, tl, triton
+from kernels._common import dot_in_fp32, num_sms, pdl_args, tl, triton
 
 GEMV_MAX_ROWS = 4
 """Rows of ``x`` up to which the GEMV path is the default."""
@@ -190,5 +190,6 @@ def launch(
         BLOCK_K=cfg.block_k,
         DOT_F32=dot_in_fp32() or x.dtype == torch.float32,
         num_warps=cfg.num_warps,
+        **pdl_args(x),
     )
     return out

@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 
 from kernels import reference
-from kernels._common import can_launch, check, check_dtype, check_last_contiguous, tl, triton
+from kernels._common import can_launch, check, check_dtype, check_last_contiguous, pdl_args, tl, triton
 
 if triton is not None:
+    from kernels._common import pdl_enter
 
     @triton.jit
     def _silu_and_mul_kernel(
@@ -22,7 +23,9 @@ if triton is not None:
         stride_out,  # row stride of out
         n_cols,  # columns of the output
         BLOCK: tl.constexpr,  # columns per program
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
+        pdl_enter(PDL)
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -47,6 +50,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((M, n_cols), dtype=x.dtype, device=x.device)
     BLOCK = 1024
     _silu_and_mul_kernel[(M, triton.cdiv(n_cols, BLOCK))](
-        x, out, x.stride(0), out.stride(0), n_cols, BLOCK=BLOCK, num_warps=4
+        x, out, x.stride(0), out.stride(0), n_cols, BLOCK=BLOCK, num_warps=4, **pdl_args(x)
     )
     return out

@@ -26,6 +26,7 @@ from kernels._common import (
     dot_in_fp32,
     next_pow2,
     num_sms,
+    pdl_args,
     tl,
     triton,
 )
@@ -33,6 +34,7 @@ from kernels._common import (
 _MIN_PARTITION = 512
 
 if triton is not None:
+    from kernels._common import pdl_enter
 
     @triton.jit
     def _decode_split_kernel(
@@ -60,7 +62,9 @@ if triton is not None:
         BLOCK_N: tl.constexpr,  # context tokens per loop step
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32 (the CPU interpreter needs it)
         PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" keeps fp32 inputs off tf32
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
+        pdl_enter(PDL)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         sp = tl.program_id(2)
@@ -118,7 +122,9 @@ if triton is not None:
         HD: tl.constexpr,  # head dim
         BLOCK_S: tl.constexpr,  # power of two >= S
         BLOCK_D: tl.constexpr,  # power of two >= HD
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
+        pdl_enter(PDL)
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.arange(0, BLOCK_S)
@@ -231,6 +237,7 @@ def paged_decode_attention(
         DOT_F32=dot_in_fp32() or q.dtype == torch.float32,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,
+        **pdl_args(q),
     )
     _decode_reduce_kernel[(B, nh)](
         part_out,
@@ -244,5 +251,6 @@ def paged_decode_attention(
         BLOCK_S=next_pow2(S),
         BLOCK_D=BLOCK_D,
         num_warps=4,
+        **pdl_args(q),
     )
     return out

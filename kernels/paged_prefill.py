@@ -39,11 +39,13 @@ from kernels._common import (
     check_last_contiguous,
     dot_in_fp32,
     next_pow2,
+    pdl_args,
     tl,
     triton,
 )
 
 if triton is not None:
+    from kernels._common import pdl_enter
 
     @triton.jit
     def _prefill_tile(
@@ -125,7 +127,9 @@ if triton is not None:
         BLOCK_N: tl.constexpr,  # keys per loop step
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32 (the CPU interpreter needs it)
         PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" keeps fp32 inputs off tf32
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
+        pdl_enter(PDL)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         m0 = tl.program_id(2) * BLOCK_Q  # first query token of the tile, within the chunk
@@ -324,5 +328,6 @@ def paged_prefill_attention(
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_args(q),
     )
     return out

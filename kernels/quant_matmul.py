@@ -29,6 +29,7 @@ from kernels.activation import silu_and_mul
 __all__ = ["GEMV_MAX_ROWS", "_COUNTERS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
 
 if triton is not None:
+    from kernels._common import pdl_enter
     from kernels._matmul_launch import _load_x, _store_tile
 
     @triton.jit
@@ -55,7 +56,9 @@ if triton is not None:
         BLOCK_N: tl.constexpr,  # output columns per program
         BLOCK_K: tl.constexpr,  # K per loop step: with G, GEMV a multiple of G, tiled a divisor of G
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
+        pdl_enter(PDL)
         # GEMV: one row per program, adjacent programs on the same weight tile (shared through L2)
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -142,7 +145,9 @@ if triton is not None:
         BLOCK_K: tl.constexpr,  # bytes per loop step: GEMV a multiple of G, tiled a divisor of G
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
         EXACT: tl.constexpr = False,  # GEMV: fp32 activations, keep every bit of sum(q x)
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
+        pdl_enter(PDL)
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         ks = tl.program_id(2)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 
 from kernels import reference
-from kernels._common import can_launch, check, check_dtype, check_last_contiguous, next_pow2, tl, triton
+from kernels._common import can_launch, check, check_dtype, check_last_contiguous, next_pow2, pdl_args, tl, triton
 
 if triton is not None:
+    from kernels._common import pdl_enter
 
     @triton.jit
     def _rms_norm_residual_kernel(
@@ -29,7 +30,9 @@ if triton is not None:
         eps,  # variance epsilon
         HAS_RESIDUAL: tl.constexpr,  # add the residual first
         BLOCK_C: tl.constexpr,  # power of two >= C: one program holds a whole row
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
+        pdl_enter(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK_C)
         mask = cols < C
@@ -86,5 +89,6 @@ def rms_norm_residual(
         HAS_RESIDUAL=residual is not None,
         BLOCK_C=BLOCK_C,
         num_warps=min(16, max(1, BLOCK_C // 256)),
+        **pdl_args(x),
     )
     return out, h

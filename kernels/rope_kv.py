@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 
 from kernels import reference
-from kernels._common import can_launch, check, check_dtype, check_last_contiguous, next_pow2, tl, triton
+from kernels._common import can_launch, check, check_dtype, check_last_contiguous, next_pow2, pdl_args, tl, triton
 
 if triton is not None:
+    from kernels._common import pdl_enter
 
     @triton.jit
     def _rope_write_kv_kernel(
@@ -43,7 +44,9 @@ if triton is not None:
         HALF: tl.constexpr,  # hd / 2
         BLOCK_H: tl.constexpr,  # power of two >= max(NH, NKV)
         BLOCK_D: tl.constexpr,  # power of two >= HALF
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
+        pdl_enter(PDL)
         tok = tl.program_id(0)
         heads = tl.arange(0, BLOCK_H)[:, None]  # (BLOCK_H, 1)
         d = tl.arange(0, BLOCK_D)[None, :]  # (1, BLOCK_D)
@@ -144,4 +147,5 @@ def rope_write_kv(
         BLOCK_H=next_pow2(max(nh, nkv)),
         BLOCK_D=next_pow2(hd // 2),
         num_warps=4,
+        **pdl_args(q),
     )
