@@ -152,7 +152,7 @@ if HAS_TRITON and _INTERPRET:
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit  # type: ignore[untyped-decorator]
     def pdl_enter(PDL: tl.constexpr):  # type: ignore[no-untyped-def]
         """First statement of a kernel launched with ``pdl_args``: wait for the previous kernel, then let the next one launch.
 
