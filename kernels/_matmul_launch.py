@@ -41,8 +41,8 @@ class Config:
 _CONFIGS: dict[tuple[str, int, int, int], Config] = {}
 
 
-Kind = Literal["int8", "int8g", "int4"]
-"""Weight format of a matmul: int8 per channel, int8 per group (GGUF Q8_0), int4 per group."""
+Kind = Literal["int8", "int8g", "int4", "dense"]
+"""Weight format of a matmul: int8 per channel, int8 per group (GGUF Q8_0), int4 per group, float (GEMV only)."""
 
 
 def set_config(kind: Kind, rows: int, n: int, k: int, config: Config | None) -> None:
@@ -65,8 +65,8 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
     if pinned is not None:
         return pinned
     interp = device.type == "cpu"
-    if m <= GEMV_MAX_ROWS:
-        bn, bk = (16, 32) if interp else (32, 128 if kind == "int4" else 256)
+    if m <= GEMV_MAX_ROWS or kind == "dense":
+        bn, bk = (16, 32) if interp else (32, 256 if kind in ("int8", "int8g") else 128)
         bk = max(bk, group)
         path: Literal["gemv", "tiled"] = "gemv"
         tiles = m * -(-n // bn)

@@ -3,8 +3,8 @@
 Owns the kernel-backed pass of ``LlamaForCausalLM``: the residual add fused into each RMSNorm,
 rotary embedding fused with the KV-cache write, paged split-KV decode attention for one-token
 rows, paged prefill attention for multi-token rows (prefill and chunked prefill over cached
-prefix blocks; in a mixed batch each kind of row goes to its own kernel), SiLU-and-mul, and the
-quantized matmuls (through ``Linear``). Where the prefill kernel cannot launch (a head dim that is
+prefix blocks; in a mixed batch each kind of row goes to its own kernel), and the matmuls through
+``Linear``, whose GEMV kernels apply SiLU-and-mul as they load the down projection's input. Where the prefill kernel cannot launch (a head dim that is
 not a power of two), multi-token rows fall back to ``ops.prefill_attention`` (SDPA over the
 gathered context). Runs on CUDA, or on the CPU under ``TRITON_INTERPRET=1`` (tests). Does
 not own the weights or their names (``llama``), the plain-torch path (``ops``) nor CUDA graphs
@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, cast
 import torch
 import torch.nn.functional as F  # noqa: N812 (the torch convention)
 
-from kernels.activation import silu_and_mul
 from kernels.paged_attention import paged_decode_attention
 from kernels.paged_prefill import paged_prefill_attention, prefill_kernel_fits
 from kernels.rmsnorm import rms_norm_residual
@@ -66,7 +65,7 @@ def forward(
         h, residual = rms_norm_residual(x, residual, layer.attn_norm, eps)
         x = _attention(layer.attn, h, positions, cos, sin, k_cache, v_cache, meta, decode_prefix)
         h, residual = rms_norm_residual(x, residual, layer.mlp_norm, eps)
-        x = layer.mlp.down(silu_and_mul(layer.mlp.gate_up(h)))
+        x = layer.mlp.down(layer.mlp.gate_up(h), gated=True)
     out, _ = rms_norm_residual(x, residual, model.norm, eps)
     return out
 

@@ -1,0 +1,94 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
+"""Dense GEMV ``y = x @ W.T`` for a few rows of ``x`` and a float (bf16, fp16, fp32) weight.
+
+The decode step's projections at batch 1-4 on the GPU: cuBLAS would do the arithmetic as fast, but
+a step of a small model is ~270 kernels of a few microseconds each, so what sets its time is the
+gaps between them. This kernel takes part in programmatic dependent launch like every Triton
+kernel here (``kernels._common.pdl_args``) and can apply SiLU-and-mul while it loads x
+(``gated``), which removes the activation's own launch. It is the int8 kernel's GEMV path
+(``kernels.quant_matmul``) without the dequantization: one row of x per program, rows adjacent in
+the grid so their programs share a weight tile through L2, split-K finished inside the launch
+(``kernels._matmul_launch``).
+
+Owns the kernel and its launcher. Does not own when the model uses it (``selfhost.models.linear``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import reference
+from kernels._common import can_launch, check, check_dtype, check_last_contiguous, tl, triton
+from kernels._matmul_launch import GEMV_MAX_ROWS, Config, config_for, launch
+
+__all__ = ["GEMV_MAX_ROWS", "dense_gemv"]
+
+if triton is not None:
+    from kernels._common import pdl_enter
+    from kernels._matmul_launch import _load_x, _store_tile
+
+    @triton.jit
+    def _dense_gemv_kernel(
+        x_ptr,  # (M, K) activations, or (M, 2K) [gate | up] when GATED
+        w_ptr,  # (N, K) float weight
+        out_ptr,  # (M, N) output
+        part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
+        cnt_ptr,  # per-tile arrival counters, zero between launches
+        M,  # rows of x
+        N,  # output columns
+        K,  # reduction length
+        K_SPLIT,  # K columns per split (a multiple of BLOCK_K)
+        NSPLIT,  # programs along K per tile
+        sx_m,  # row stride of x
+        sw_n,  # row stride of w
+        so_m,  # row stride of out
+        GEMV: tl.constexpr,  # always True here (``launch`` passes it to every matmul kernel)
+        GATED: tl.constexpr,  # x is [gate | up]: multiply silu(gate) * up
+        BLOCK_M: tl.constexpr,  # unused (the tiled path's rows per program)
+        BLOCK_N: tl.constexpr,  # output columns per program
+        BLOCK_K: tl.constexpr,  # K per loop step
+        DOT_F32: tl.constexpr,  # unused (no tl.dot)
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
+    ):
+        pdl_enter(PDL)
+        rm = tl.program_id(0) + tl.zeros((1,), tl.int32)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ks = tl.program_id(2)
+        nmask = rn < N
+        # per-column partial sums, reduced once after the loop: the same order for every row and batch
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            kmask = rk < K
+            x = _load_x(x_ptr + rm * sx_m + rk, kmask, K, GATED).to(tl.float32)  # (BLOCK_K,)
+            w = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+            acc2 += w.to(tl.float32) * x[None, :]
+        acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
+        _store_tile(acc, rm, rn, rm < M, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
+
+
+def dense_gemv(
+    x: torch.Tensor, weight: torch.Tensor, config: Config | None = None, *, gated: bool = False
+) -> torch.Tensor:
+    """``(M, K) @ (N, K).T -> (M, N)`` in x's dtype, one program row per row of x (meant for M <= 4).
+
+    With ``gated``, x is ``(M, 2K)`` ``[gate | up]`` and the product is ``silu_and_mul(x) @ W.T``
+    (the activation rounded to x's dtype first, as ``kernels.activation.silu_and_mul`` does).
+
+    Raises:
+        ValueError: shapes, dtypes or strides the kernel cannot take, or a tiled ``config``.
+    """
+    check(weight.dim() == 2, f"weight must be (N, K), got {tuple(weight.shape)}")
+    n, k = weight.shape
+    cols = 2 * k if gated else k
+    check(x.dim() == 2 and x.shape[1] == cols, f"x must be (M, {cols}), got {tuple(x.shape)}")
+    check_dtype("x", x, torch.float32, torch.float16, torch.bfloat16)
+    check_dtype("weight", weight, torch.float32, torch.float16, torch.bfloat16)
+    if not can_launch(x, weight):
+        xa = reference.silu_and_mul(x) if gated else x
+        return (xa.float() @ weight.float().T).to(x.dtype)
+    check_last_contiguous("x", x)
+    check_last_contiguous("weight", weight)
+    cfg = config or config_for("dense", x.shape[0], n, k, k, 0, x.device)
+    check(cfg.path == "gemv", f"dense_gemv has only the GEMV path, got {cfg.path}")
+    return launch(_dense_gemv_kernel, x, n, k, cfg, (weight,), (x.stride(0), weight.stride(0)), gated)
