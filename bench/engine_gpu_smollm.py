@@ -135,14 +135,24 @@ def ttft(engine: LLMEngine, prompt_len: int, repeats: int) -> dict[str, Any]:
     """Time to first token of a fresh prompt, then of the same prompt again (its prefix cached)."""
     cold: list[float] = []
     warm: list[float] = []
+    parts: dict[str, list[list[float]]] = {"cold": [], "warm": []}
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     for r in range(repeats + 1):
         prompt = [100 + (r * 7919 + i * 31) % 40000 for i in range(prompt_len)]
         for bucket, tag in ((cold, "cold"), (warm, "warm")):
+            sync(engine.config.device)
+            t0 = time.perf_counter()
             engine.add_request(f"t{r}{tag}", prompt, params)
-            seconds, _ = run_all(engine)
+            marks = [time.perf_counter()]
+            while engine.has_unfinished_requests():
+                engine.step()
+                marks.append(time.perf_counter())
+            sync(engine.config.device)
+            marks.append(time.perf_counter())
             if r:  # the first round compiles kernels for the shapes
-                bucket.append(seconds * 1000.0)
+                bucket.append((marks[-1] - t0) * 1000.0)
+                # add_request, then each step() call, then the final device sync (ms)
+                parts[tag].append([round((b - a) * 1000.0, 3) for a, b in zip([t0, *marks], marks, strict=False)])
     c, w = statistics.median(cold), statistics.median(warm)
     return {
         "prompt_tokens": prompt_len,
@@ -151,6 +161,8 @@ def ttft(engine: LLMEngine, prompt_len: int, repeats: int) -> dict[str, Any]:
         "speedup": c / w,
         "cold_all": cold,
         "cached_all": warm,
+        "cold_parts_ms": parts["cold"],
+        "cached_parts_ms": parts["warm"],
     }
 
 

@@ -54,6 +54,21 @@ def test_paged_decode_attention_gives_zeros_for_empty_context(device):
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_paged_decode_attention_matches_reference_over_many_partitions_with_a_padding_row(device, dtype):
+    """One loop tile per partition (tens of partitions to merge) matches the reference; length 0 gives zeros."""
+    if ON_GPU:
+        nkv, group, hd, bs, lens, partition = 8, 4, 128, 16, [0, 1, 1000, 4099], 64
+    else:
+        nkv, group, hd, bs, lens, partition = 2, 4, 16, 4, [0, 1, 17, 97, 250], 16
+    q, kc, vc, tables, sl = _case(device, dtype, nkv, group, hd, bs, lens, num_blocks=2048 if ON_GPU else 512)
+    out = paged_decode_attention(q, kc, vc, tables, sl, hd**-0.5, partition=partition)
+    ref = reference.paged_decode_attention(*(t.cpu() for t in (q, kc, vc, tables, sl)), hd**-0.5)
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 2e-3, "rtol": 2e-3}
+    torch.testing.assert_close(out.cpu(), ref, **tol)
+    assert torch.equal(out[0].cpu(), torch.zeros_like(out[0].cpu()))
+
+
 def test_paged_decode_attention_rejects_heads_not_multiple_of_kv_heads(device):
     q, kc, vc, tables, sl = _case(device, torch.float32, 2, 2, 16, 4, [5], num_blocks=8)
     with pytest.raises(ValueError, match="multiple of KV heads"):
