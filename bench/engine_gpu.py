@@ -67,9 +67,15 @@ def copy_ceiling_gbs(nbytes: int = 4 << 30) -> float:
     return 2 * nbytes / ms / 1e6
 
 
-def candidates(kind: Literal["int8", "int4"], m: int, group: int) -> list[Config]:
+def candidates(kind: Literal["int8", "int4", "dense"], m: int, group: int) -> list[Config]:
     """Launch configs tried per (shape, rows)."""
     out: list[Config] = []
+    if kind == "dense":  # GEMV only (bigger batches run cuBLAS)
+        for bn in (4, 8, 16, 32):
+            for bk in (256, 512, 1024):
+                for split in (1, 2, 4, 8):
+                    out.append(Config("gemv", bn, bk, split, num_warps=4))
+        return out
     if m <= 4:
         bks = (256, 512, 1024) if kind == "int8" else tuple(b for b in (128, 256, 512) if b % group == 0)
         for bn in (8, 16, 32, 64, 128):
@@ -101,7 +107,8 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]]) -> 
     stream from HBM as in a real step instead of sitting in the 50 MB L2, and inside a CUDA graph,
     since Python launch overhead (tens of us per Triton launch) would otherwise hide the kernel.
     """
-    kind: Literal["int8", "int4"] = "int8" if decoder.mode == "int8" else "int4"
+    kinds: dict[str, Literal["int8", "int4", "dense"]] = {"int8": "int8", "int4": "int4", "bf16": "dense"}
+    kind = kinds[decoder.mode]
     names = ("qkv", "o", "gate_up", "down")
     groups: list[list[QLinear]] = [[getattr(layer, n) for layer in decoder.layers] for n in names]
     groups.append([decoder.lm_head])
@@ -109,6 +116,8 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]]) -> 
         n, k = ws[0].n, ws[0].k
         gated = name == "down"  # as the step calls it: SiLU-and-mul on the loads
         for m in batches:
+            if kind == "dense" and m > quant_matmul.GEMV_MAX_ROWS:
+                continue  # cuBLAS: nothing of ours to tune
             x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
             best: tuple[float, Config] | None = None
             for cfg in candidates(kind, m, ws[0].group):
@@ -254,7 +263,7 @@ def main() -> None:
     tuning: list[dict[str, object]] = []
     ids: dict[str, list[int]] = {}
     profiles: dict[str, list[dict[str, object]]] = {}
-    for mode in [m for m in a.modes.split(",") if m in ("bf16", "int8", "int4")]:
+    for mode in [m for m in a.modes.split(",") if m in ("bf16", "cublas", "int8", "int4")]:
         t0 = time.perf_counter()
         dec = Decoder(shape, mode, a.group)  # type: ignore[arg-type]
         wbytes = dec.linear_bytes()
@@ -262,7 +271,7 @@ def main() -> None:
             f"{mode}: weights built in {time.perf_counter() - t0:.1f} s, {wbytes / 1e9:.2f} GB of linears", flush=True
         )
         mode_batches = batches if mode != "int8" else [1]
-        if mode != "bf16":
+        if mode != "cublas":
             tune(dec, mode_batches, tuning)
         for b in mode_batches:
             rate, first = decode_rate(dec, shape, b, a.context, a.steps)

@@ -2,8 +2,9 @@
 
 Owns building random bf16 / int8 / int4 weights for a shape, one decode step written only with
 the kernels (fused residual RMSNorm, rotary + KV write, paged decode attention, SiLU-and-mul,
-weight-only matmuls, the int8 / int4 down projection applying SiLU-and-mul as it loads; cuBLAS
-for bf16 linears), and capturing that step, greedy argmax and the advance of positions, slots and
+weight-only matmuls, the down projection applying SiLU-and-mul as it loads; bf16 linears as the
+engine runs them, the dense GEMV at decode batch sizes and cuBLAS above, or cuBLAS always for
+``cublas``), and capturing that step, greedy argmax and the advance of positions, slots and
 lengths included, in one CUDA graph. Does not own prefill, scheduling or sampling beyond argmax:
 that is the engine's (``selfhost``).
 """
@@ -18,12 +19,14 @@ import torch.nn.functional as F  # noqa: N812 (the torch convention)
 
 from kernels import reference
 from kernels.activation import silu_and_mul
+from kernels.dense_gemv import GEMV_MAX_ROWS, dense_gemv
 from kernels.paged_attention import paged_decode_attention
 from kernels.quant_matmul import int4_matmul, int8_matmul
 from kernels.rmsnorm import rms_norm_residual
 from kernels.rope_kv import rope_write_kv
 
-Mode = Literal["bf16", "int8", "int4"]
+Mode = Literal["bf16", "cublas", "int8", "int4"]
+"""Weight format of the linears; ``cublas`` is bf16 through ``F.linear`` at every batch size."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +66,7 @@ class QLinear:
         self.mode, self.group = mode, group
         self.n, self.k = w.shape
         self.tensors: tuple[torch.Tensor, ...]
-        if mode == "bf16":
+        if mode in ("bf16", "cublas"):
             self.tensors = (w,)
         elif mode == "int8":
             self.tensors = reference.quantize_int8(w)
@@ -77,7 +80,9 @@ class QLinear:
 
     def __call__(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
         """``(M, K) -> (M, N)``; with ``gated``, ``(M, 2K)`` ``[gate | up]`` through SiLU-and-mul first."""
-        if self.mode == "bf16":
+        if self.mode == "bf16" and x.shape[0] <= GEMV_MAX_ROWS:
+            return dense_gemv(x, self.tensors[0], gated=gated)
+        if self.mode in ("bf16", "cublas"):
             return F.linear(silu_and_mul(x) if gated else x, self.tensors[0])
         if self.mode == "int8":
             return int8_matmul(x, self.tensors[0], self.tensors[1], gated=gated)

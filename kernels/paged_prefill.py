@@ -20,6 +20,11 @@ tile's first position are visible to every row and run without a mask; the diago
 them carry the causal mask. Softmax is online (base 2, running max and sum in fp32), accumulation
 is fp32, the output is rounded once to ``q``'s dtype.
 
+Split-KV: a tile's keys can be cut into ``splits`` runs, each reduced by its own program to a
+partial output and log-sum-exp that a second kernel merges, as the decode kernel does. A chunk or a
+prefix hit's tail behind a long context is one sequence with a few query tiles; unsplit, those few
+programs would walk the whole context while the rest of the GPU idles.
+
 Owns the Triton kernel and its launcher; semantics are ``kernels.reference.paged_prefill_attention``,
 which the launcher falls back to where no kernel can run. Does not own one-token decode rows
 (``kernels.paged_attention``), the cache write (``kernels.rope_kv``) nor block tables.
@@ -39,6 +44,7 @@ from kernels._common import (
     check_last_contiguous,
     dot_in_fp32,
     next_pow2,
+    num_sms,
     pdl_args,
     tl,
     triton,
@@ -93,8 +99,10 @@ if triton is not None:
             if CAUSAL:
                 s = tl.where(t[None, :] <= pos[:, None], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            # a row with no visible key yet (only in a split's causal range) keeps -inf - -inf out
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_use)
+            p = tl.exp2(s - m_use[:, None])
             lsum = lsum * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m = m_new
@@ -106,6 +114,8 @@ if triton is not None:
         kc_ptr,  # (num_blocks, BS, NKV, HD) key cache, the new tokens' keys already written
         vc_ptr,  # (num_blocks, BS, NKV, HD) value cache
         out_ptr,  # (N, NH, HD) output; only the rows of the listed sequences are written
+        part_out_ptr,  # (S, N, NH, HD) fp32 per-split outputs, normalised within the split (SPLIT only)
+        part_lse_ptr,  # (S, N, NH) fp32 per-split log2-sum-exp2, -inf where a row saw no key (SPLIT only)
         table_ptr,  # (B, max_blocks) block ids
         qstart_ptr,  # (B,) first row of each sequence's queries
         qlen_ptr,  # (B,) new tokens of each sequence
@@ -119,9 +129,12 @@ if triton is not None:
         sc_h,
         st_b,  # block table row stride
         scale_log2,  # softmax scale * log2(e)
+        N_ROWS,  # rows of q (the partials' second dim)
+        S,  # key splits per query tile
         G: tl.constexpr,  # query heads per KV head
         HD: tl.constexpr,  # head dim (a power of two)
         BS: tl.constexpr,  # tokens per cache block
+        SPLIT: tl.constexpr,  # S > 1: write partials for _prefill_merge_kernel instead of out
         BLOCK_M: tl.constexpr,  # rows per program: BLOCK_Q tokens x G heads, padded to a power of two
         BLOCK_Q: tl.constexpr,  # query tokens per program (BLOCK_M // G)
         BLOCK_N: tl.constexpr,  # keys per loop step
@@ -132,7 +145,12 @@ if triton is not None:
         pdl_enter(PDL)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
-        m0 = tl.program_id(2) * BLOCK_Q  # first query token of the tile, within the chunk
+        if SPLIT:
+            m0 = (tl.program_id(2) // S) * BLOCK_Q  # first query token of the tile, within the chunk
+            sp = tl.program_id(2) % S
+        else:
+            m0 = tl.program_id(2) * BLOCK_Q
+            sp = 0
         q_len = tl.load(qlen_ptr + b)
         if m0 < q_len:
             q_start = tl.load(qstart_ptr + b).to(tl.int64)
@@ -158,6 +176,16 @@ if triton is not None:
             # keys up to the tile's first position are seen by every row: whole tiles of them need no mask
             full_end = ((prefix + m0 + 1) // BLOCK_N) * BLOCK_N
             kv_end = prefix + tl.minimum(m0 + BLOCK_Q, q_len)
+            # this program's keys [lo, hi): with SPLIT, one of S equal runs of whole key tiles, sized by
+            # the tile's own context on the device (so a captured graph splits every context evenly)
+            if SPLIT:
+                part = tl.cdiv(tl.cdiv(kv_end, S), BLOCK_N) * BLOCK_N
+                lo = sp * part
+                hi = tl.minimum(lo + part, kv_end)
+            else:
+                lo = 0
+                hi = kv_end
+            mid = tl.maximum(lo, tl.minimum(full_end, hi))  # [lo, mid) unmasked, [mid, hi) causal
             acc, m, lsum = _prefill_tile(
                 acc,
                 m,
@@ -171,8 +199,8 @@ if triton is not None:
                 sc_blk,
                 sc_tok,
                 sc_h,
-                0,
-                full_end,
+                lo,
+                mid,
                 scale_log2,
                 HD,
                 BS,
@@ -194,8 +222,8 @@ if triton is not None:
                 sc_blk,
                 sc_tok,
                 sc_h,
-                full_end,
-                kv_end,
+                mid,
+                hi,
                 scale_log2,
                 HD,
                 BS,
@@ -204,9 +232,59 @@ if triton is not None:
                 DOT_F32,
                 PRECISION,
             )
-            out = acc / lsum[:, None]
-            o_ptrs = out_ptr + ((q_start + tok) * so_n + head * so_h)[:, None] + d[None, :]
-            tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+            if SPLIT:
+                seen = lsum > 0.0
+                lsafe = tl.where(seen, lsum, 1.0)
+                prow = (sp * N_ROWS + q_start + tok) * (G * tl.num_programs(1)) + head  # (BLOCK_M,)
+                tl.store(part_out_ptr + prow[:, None] * HD + d[None, :], acc / lsafe[:, None], mask=rmask[:, None])
+                tl.store(part_lse_ptr + prow, tl.where(seen, m + tl.log2(lsafe), float("-inf")), mask=rmask)
+            else:
+                out = acc / lsum[:, None]
+                o_ptrs = out_ptr + ((q_start + tok) * so_n + head * so_h)[:, None] + d[None, :]
+                tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+
+    @triton.jit
+    def _prefill_merge_kernel(
+        part_out_ptr,  # (S, N, NH, HD) fp32 per-split outputs
+        part_lse_ptr,  # (S, N, NH) fp32 per-split log2-sum-exp2
+        out_ptr,  # (N, NH, HD) output
+        qstart_ptr,  # (B,) first row of each sequence's queries
+        qlen_ptr,  # (B,) new tokens of each sequence
+        so_n,  # out strides: token, head
+        so_h,
+        N_ROWS,  # rows of q
+        S,  # splits
+        NH: tl.constexpr,  # query heads
+        HD: tl.constexpr,  # head dim
+        BLOCK_H: tl.constexpr,  # power of two >= NH
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
+    ):
+        """One query token of one sequence, every head: the splits' outputs weighted by their sum-exp."""
+        pdl_enter(PDL)
+        b = tl.program_id(0)
+        t = tl.program_id(1)
+        if t < tl.load(qlen_ptr + b):
+            row = tl.load(qstart_ptr + b).to(tl.int64) + t
+            h = tl.arange(0, BLOCK_H)
+            d = tl.arange(0, HD)
+            hmask = h < NH
+            gmax = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+            for s in range(S):
+                lse = tl.load(part_lse_ptr + (s * N_ROWS + row) * NH + h, mask=hmask, other=float("-inf"))
+                gmax = tl.maximum(gmax, lse)
+            gmax = tl.where(gmax == float("-inf"), 0.0, gmax)
+            acc = tl.zeros((BLOCK_H, HD), tl.float32)
+            wsum = tl.zeros((BLOCK_H,), tl.float32)
+            for s in range(S):
+                off = (s * N_ROWS + row) * NH + h  # (BLOCK_H,)
+                w = tl.exp2(tl.load(part_lse_ptr + off, mask=hmask, other=float("-inf")) - gmax)
+                acc += w[:, None] * tl.load(
+                    part_out_ptr + off[:, None] * HD + d[None, :], mask=hmask[:, None], other=0.0
+                )
+                wsum += w
+            out = acc / tl.maximum(wsum, 1e-30)[:, None]
+            o_ptrs = out_ptr + row * so_n + (h * so_h)[:, None] + d[None, :]
+            tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=hmask[:, None])
 
 
 def prefill_kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -239,6 +317,7 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its paged context (prefix, then the chunk).
 
@@ -257,6 +336,9 @@ def paged_prefill_attention(
             Default: a new zero tensor.
         block_m: rows (query tokens x group heads) per program; default by head dim and device.
         block_n: keys per loop step; default 64 on the GPU, 16 in the interpreter.
+        splits: programs that share one query tile's keys (split-KV, merged by a second kernel);
+            default enough for two programs per multiprocessor when one sequence of
+            ``max_query_len`` tokens runs (``default_splits``).
 
     Returns:
         ``out``.
@@ -300,11 +382,19 @@ def paged_prefill_attention(
     if block_n is not None:
         BLOCK_N = next_pow2(max(16, block_n))
     BLOCK_Q = BLOCK_M // G
-    _prefill_kernel[(B, nkv, -(-max_query_len // BLOCK_Q))](
+    tiles = -(-max_query_len // BLOCK_Q)
+    S = default_splits(nkv, tiles, q.device) if splits is None else max(1, splits)
+    part_out = part_lse = out  # placeholders without splits: never touched
+    if S > 1:
+        part_out = torch.empty((S, N, nh, hd), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((S, N, nh), dtype=torch.float32, device=q.device)
+    _prefill_kernel[(B, nkv, tiles * S)](
         q,
         k_cache,
         v_cache,
         out,
+        part_out,
+        part_lse,
         block_tables,
         query_starts,
         query_lens,
@@ -318,9 +408,12 @@ def paged_prefill_attention(
         k_cache.stride(2),
         block_tables.stride(0),
         scale * math.log2(math.e),
+        N,
+        S,
         G=G,
         HD=hd,
         BS=bs,
+        SPLIT=S > 1,
         BLOCK_M=BLOCK_M,
         BLOCK_Q=BLOCK_Q,
         BLOCK_N=BLOCK_N,
@@ -330,4 +423,38 @@ def paged_prefill_attention(
         num_stages=num_stages,
         **pdl_args(q),
     )
+    if S > 1:
+        _prefill_merge_kernel[(B, max_query_len)](
+            part_out,
+            part_lse,
+            out,
+            query_starts,
+            query_lens,
+            out.stride(0),
+            out.stride(1),
+            N,
+            S,
+            NH=nh,
+            HD=hd,
+            BLOCK_H=next_pow2(nh),
+            num_warps=4,
+            **pdl_args(q),
+        )
     return out
+
+
+MAX_SPLITS = 32
+
+
+def default_splits(num_kv_heads: int, query_tiles: int, device: torch.device) -> int:
+    """Key splits per query tile: enough for two programs per multiprocessor from one sequence's tiles.
+
+    NOTE(h7): counted for one sequence although the grid has a column per sequence slot: the step
+    graphs size the grid for 8 slots that are mostly idle, and a chunk or a prefix hit's tail
+    behind a long context is one sequence whose few tiles would each walk the whole context (a
+    16-token tail over 4k cached tokens: one program per KV head). A long prompt has tiles enough
+    and gets no split. Bounded by ``MAX_SPLITS``; the partials then take at most about
+    ``2 x SMs x BLOCK_Q / KV heads`` rows' worth of fp32 outputs.
+    """
+    want = -(-2 * num_sms(device) // max(1, num_kv_heads * query_tiles))
+    return max(1, min(MAX_SPLITS, want))

@@ -35,17 +35,6 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
 
 
-SHORT_QUERY = 16
-"""A chunk of at most this many tokens over a context of at least ``LONG_PREFIX`` (a prefix hit's
-tail, the end of a chunked prompt) runs as one-token rows on the kernel path.
-
-NOTE(crossway): the prefill kernel gives such a chunk one query tile per KV head, so a handful of
-programs walk the whole context in turn (4.4 ms for a 16-token tail over 4k cached tokens of
-SmolLM2 on the H100); as one-token rows it goes to the split-KV decode kernel, which spreads the
-context over many programs (2.1 ms), at the price of reading the context once per row."""
-LONG_PREFIX = 256
-
-
 @dataclass(slots=True)
 class _Flat:
     """A step's new tokens as one flat batch (``ModelRunner._flatten``)."""
@@ -151,14 +140,10 @@ class ModelRunner:
         if graphs is not None and len(batch.requests) <= graphs.max_batch and all(n == 1 for n in batch.num_new_tokens):
             return self._execute_graph(graphs, batch, kv)
         steps = self.step_graphs
-        rowwise = [
-            n == 1 or (self.use_kernels and 1 < n <= SHORT_QUERY and s >= LONG_PREFIX)
-            for s, n in zip(batch.starts, batch.num_new_tokens, strict=True)
-        ]
         order: Sequence[int] = range(len(batch.requests))
         if steps is not None:  # the step graphs take the one-token rows first
-            order = sorted(order, key=lambda i: not rowwise[i])
-        flat = self._flatten(batch, kv, order, rowwise, slots=steps is not None)
+            order = sorted(order, key=lambda i: batch.num_new_tokens[i] != 1)
+        flat = self._flatten(batch, kv, order, slots=steps is not None)
         if steps is not None:
             logits = steps.run(
                 flat.ids,
@@ -182,13 +167,8 @@ class ModelRunner:
         hidden = self.model(token_ids, pos, self.kv_caches, meta, kernels=self.use_kernels)  # (N, C)
         return self.model.compute_logits(hidden[upload(flat.logits_rows, torch.long, self.device)])  # (S, V)
 
-    def _flatten(
-        self, batch: ScheduledBatch, kv: KVCacheManager, order: Sequence[int], rowwise: Sequence[bool], *, slots: bool
-    ) -> _Flat:
-        """The batch's new tokens as one flat batch, requests in ``order``; logits rows in the batch's sampling order.
-
-        A ``rowwise`` request's tokens go in as one-token sequences, each over its context up to itself.
-        """
+    def _flatten(self, batch: ScheduledBatch, kv: KVCacheManager, order: Sequence[int], *, slots: bool) -> _Flat:
+        """The batch's new tokens as one flat batch, requests in ``order``; logits rows in the batch's sampling order."""
         flat = _Flat()
         bs = self.block_size
         last_row = [0] * len(batch.requests)
@@ -203,14 +183,9 @@ class ModelRunner:
                 flat.pending_sources.append(source)
             flat.positions.extend(range(start, end))
             table = kv.block_ids(request.request_id)
-            if rowwise[i]:
-                flat.query_start.extend(range(row0 + 1, row0 + num_new + 1))
-                flat.seq_lens.extend(range(start + 1, end + 1))
-                flat.tables.extend([table] * num_new)
-            else:
-                flat.query_start.append(row0 + num_new)
-                flat.seq_lens.append(end)
-                flat.tables.append(table)
+            flat.query_start.append(row0 + num_new)
+            flat.seq_lens.append(end)
+            flat.tables.append(table)
             if slots:
                 flat.slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             last_row[i] = row0 + num_new - 1

@@ -95,26 +95,22 @@ def test_kernel_prefill_falls_back_to_sdpa_when_the_kernel_cannot_launch(
     assert spy.sdpa > 0
 
 
-def test_short_chunks_behind_a_long_prefix_run_as_rows_and_give_the_torch_ids(
+def test_chunks_behind_a_prefix_split_their_keys_and_give_the_torch_ids(
     device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Chunks of up to ``SHORT_QUERY`` tokens behind ``LONG_PREFIX`` go in as one-token rows (the decode kernel)."""
-    from selfhost import runner
-
+    """Short chunks and prefix-hit tails split each query tile's keys over several programs; ids stay the torch ones."""
     expected = _two_passes(_engine("cpu", use_kernels=False, max_num_batched_tokens=8))
-    monkeypatch.setattr(runner, "LONG_PREFIX", 1)  # any prefix counts as long here
     spy = _Spy(monkeypatch)
-    split: list[int] = []  # per step: sequences in the flat batch minus requests
-    real_flatten = runner.ModelRunner._flatten
+    splits: list[int] = []
+    real_default = paged_prefill.default_splits
 
-    def flatten(self: runner.ModelRunner, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        flat = real_flatten(self, batch, *args, **kwargs)
-        split.append(len(flat.seq_lens) - len(batch.requests))
-        return flat
+    def default_splits(*args: Any) -> int:
+        splits.append(real_default(*args))
+        return splits[-1]
 
-    monkeypatch.setattr(runner.ModelRunner, "_flatten", flatten)
+    monkeypatch.setattr(paged_prefill, "default_splits", default_splits)
     got = _two_passes(_engine(device, use_kernels=True, max_num_batched_tokens=8))
     assert got == expected
-    assert spy.behind_prefix == 0  # every chunk behind a prefix went in as rows
-    assert spy.launches > 0  # first chunks (no prefix) still ran on the prefill kernel
-    assert max(split) > 0  # chunks did become rows
+    assert spy.behind_prefix > 0
+    assert len(splits) == spy.launches
+    assert max(splits) > 1  # 8-token chunks: a handful of query tiles, their keys split

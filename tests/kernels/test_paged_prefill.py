@@ -71,6 +71,35 @@ def test_paged_prefill_tile_sizes_do_not_change_result(device, block_m, block_n)
     torch.testing.assert_close(out.cpu(), _reference(*case, 0.25), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 32])
+def test_paged_prefill_key_splits_match_reference(device, splits):
+    """Splitting each tile's keys (some splits empty, some rows seeing no key in a split) matches the reference.
+
+    A short chunk behind a long prefix (a prefix hit's tail), a cold prompt whose first tiles see
+    fewer keys than there are splits, and a one-token chunk. Query tiles longer than a key tile
+    give splits in which a tile's first rows see no key at all.
+    """
+    seqs = [(1000, 16), (0, 77), (300, 1)] if ON_GPU else [(45, 6), (0, 21), (9, 1)]
+    hd, bs = (64, 16) if ON_GPU else (16, 4)
+    case = _case(device, torch.float32, 2, 4, hd, bs, seqs)
+    q, kc, vc, tables, starts, qlens, slens = case
+    out = paged_prefill_attention(
+        q, kc, vc, tables, starts, qlens, slens, int(qlens.max()), hd**-0.5, block_m=128, block_n=16, splits=splits
+    )
+    torch.testing.assert_close(out.cpu(), _reference(*case, hd**-0.5), atol=1e-4, rtol=1e-4)
+
+
+def test_paged_prefill_default_splits_spread_a_short_chunk_and_leave_a_long_one_whole(device):
+    """One tile per KV head gets split; a prompt with tiles for every multiprocessor twice does not."""
+    from kernels._common import num_sms
+    from kernels.paged_prefill import MAX_SPLITS, default_splits
+
+    sms = num_sms(torch.device(device))
+    assert default_splits(2, 1, torch.device(device)) == min(MAX_SPLITS, sms)
+    assert default_splits(2, sms, torch.device(device)) == 1
+    assert default_splits(1, 1, torch.device(device)) == min(MAX_SPLITS, 2 * sms)
+
+
 def test_paged_prefill_leaves_rows_of_other_sequences_untouched(device):
     """Rows no listed sequence owns (decode rows of a mixed batch) keep what ``out`` held."""
     q, kc, vc, tables, starts, qlens, slens = _case(device, torch.float32, 2, 2, 16, 4, [(3, 5), (9, 2)], gap=3)
