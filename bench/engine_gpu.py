@@ -26,6 +26,7 @@ import torch
 from bench.gpu_decoder import LLAMA3_8B, Decoder, DecodeState, QLinear, Shape, capture
 from kernels import quant_matmul
 from kernels._common import set_pdl
+from kernels.dense_gemv import MODEL_ROWS
 from kernels.quant_matmul import Config
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]]) -> 
         n, k = ws[0].n, ws[0].k
         gated = name == "down"  # as the step calls it: SiLU-and-mul on the loads
         for m in batches:
-            if kind == "dense" and m > quant_matmul.GEMV_MAX_ROWS:
+            if kind == "dense" and m > MODEL_ROWS:
                 continue  # cuBLAS: nothing of ours to tune
             x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
             best: tuple[float, Config] | None = None

@@ -3,7 +3,7 @@
 Owns building random bf16 / int8 / int4 weights for a shape, one decode step written only with
 the kernels (fused residual RMSNorm, rotary + KV write, paged decode attention, SiLU-and-mul,
 weight-only matmuls, the down projection applying SiLU-and-mul as it loads; bf16 linears as the
-engine runs them, the dense GEMV at decode batch sizes and cuBLAS above, or cuBLAS always for
+engine runs them, the dense GEMV at batch 1 and cuBLAS above, or cuBLAS always for
 ``cublas``), and capturing that step, greedy argmax and the advance of positions, slots and
 lengths included, in one CUDA graph. Does not own prefill, scheduling or sampling beyond argmax:
 that is the engine's (``selfhost``).
@@ -19,7 +19,7 @@ import torch.nn.functional as F  # noqa: N812 (the torch convention)
 
 from kernels import reference
 from kernels.activation import silu_and_mul
-from kernels.dense_gemv import GEMV_MAX_ROWS, dense_gemv
+from kernels.dense_gemv import MODEL_ROWS, dense_gemv
 from kernels.paged_attention import paged_decode_attention
 from kernels.quant_matmul import int4_matmul, int8_matmul
 from kernels.rmsnorm import rms_norm_residual
@@ -80,7 +80,7 @@ class QLinear:
 
     def __call__(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
         """``(M, K) -> (M, N)``; with ``gated``, ``(M, 2K)`` ``[gate | up]`` through SiLU-and-mul first."""
-        if self.mode == "bf16" and x.shape[0] <= GEMV_MAX_ROWS:
+        if self.mode == "bf16" and x.shape[0] <= MODEL_ROWS:
             return dense_gemv(x, self.tensors[0], gated=gated)
         if self.mode in ("bf16", "cublas"):
             return F.linear(silu_and_mul(x) if gated else x, self.tensors[0])

@@ -93,11 +93,11 @@ class Linear(nn.Module):
             assert self.weight is not None  # noqa: S101 (narrowing)
             if not x.is_cuda:
                 return F.linear(_silu_and_mul(x) if gated else x, self.weight, self.bias)
-            from kernels.dense_gemv import GEMV_MAX_ROWS, dense_gemv  # triton: only where it runs
+            from kernels.dense_gemv import MODEL_ROWS, dense_gemv  # triton: only where it runs
 
-            if x.shape[0] > GEMV_MAX_ROWS:
+            if x.shape[0] > MODEL_ROWS:
                 return F.linear(_silu_and_mul(x) if gated else x, self.weight, self.bias)
-            # NOTE(h7): a Triton GEMV instead of cuBLAS at decode batch sizes: it joins the
+            # NOTE(h7): a Triton GEMV instead of cuBLAS at batch 1: it joins the
             # programmatic dependent launch chain of the other kernels (SmolLM2 batch 1 on the
             # H100: 1.20 -> 1.01 ms a step once every linear was a Triton kernel)
             y = dense_gemv(x, self.weight, gated=gated)
