@@ -383,7 +383,12 @@ def paged_prefill_attention(
         BLOCK_N = next_pow2(max(16, block_n))
     BLOCK_Q = BLOCK_M // G
     tiles = -(-max_query_len // BLOCK_Q)
-    S = default_splits(nkv, tiles, q.device) if splits is None else max(1, splits)
+    if splits is None:
+        # the partials hold every row of q per split: a few decode rows beside a short chunk
+        # (an eager mixed step) must not make them large
+        S = min(default_splits(nkv, tiles, q.device), max(1, MAX_PARTIAL_BYTES // (N * nh * hd * 4)))
+    else:
+        S = max(1, splits)
     part_out = part_lse = out  # placeholders without splits: never touched
     if S > 1:
         part_out = torch.empty((S, N, nh, hd), dtype=torch.float32, device=q.device)
@@ -444,6 +449,8 @@ def paged_prefill_attention(
 
 
 MAX_SPLITS = 32
+MAX_PARTIAL_BYTES = 64 << 20
+"""The default split count keeps the fp32 partial outputs under this."""
 
 
 def default_splits(num_kv_heads: int, query_tiles: int, device: torch.device) -> int:
@@ -453,8 +460,7 @@ def default_splits(num_kv_heads: int, query_tiles: int, device: torch.device) ->
     graphs size the grid for 8 slots that are mostly idle, and a chunk or a prefix hit's tail
     behind a long context is one sequence whose few tiles would each walk the whole context (a
     16-token tail over 4k cached tokens: one program per KV head). A long prompt has tiles enough
-    and gets no split. Bounded by ``MAX_SPLITS``; the partials then take at most about
-    ``2 x SMs x BLOCK_Q / KV heads`` rows' worth of fp32 outputs.
+    and gets no split. Bounded by ``MAX_SPLITS``.
     """
     want = -(-2 * num_sms(device) // max(1, num_kv_heads * query_tiles))
     return max(1, min(MAX_SPLITS, want))

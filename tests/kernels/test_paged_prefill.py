@@ -100,6 +100,20 @@ def test_paged_prefill_default_splits_spread_a_short_chunk_and_leave_a_long_one_
     assert default_splits(1, 1, torch.device(device)) == min(MAX_SPLITS, 2 * sms)
 
 
+def test_paged_prefill_default_splits_stay_within_the_partials_budget(device, monkeypatch):
+    """With no room for partials the default is one split: the same bits as ``splits=1``."""
+    from kernels import paged_prefill
+
+    case = _case(device, torch.float32, 2, 4, 16, 4, [(45, 6)])
+    q, kc, vc, tables, starts, qlens, slens = case
+    one = paged_prefill_attention(q, kc, vc, tables, starts, qlens, slens, 6, 0.25, splits=1)
+    split = paged_prefill_attention(q, kc, vc, tables, starts, qlens, slens, 6, 0.25)
+    monkeypatch.setattr(paged_prefill, "MAX_PARTIAL_BYTES", 1)
+    capped = paged_prefill_attention(q, kc, vc, tables, starts, qlens, slens, 6, 0.25)
+    assert torch.equal(capped, one)
+    assert not torch.equal(split, one)  # the default did split here: merged partials round differently
+
+
 def test_paged_prefill_leaves_rows_of_other_sequences_untouched(device):
     """Rows no listed sequence owns (decode rows of a mixed batch) keep what ``out`` held."""
     q, kc, vc, tables, starts, qlens, slens = _case(device, torch.float32, 2, 2, 16, 4, [(3, 5), (9, 2)], gap=3)
