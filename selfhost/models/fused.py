@@ -4,11 +4,11 @@ Owns the kernel-backed pass of ``LlamaForCausalLM``: the residual add fused into
 rotary embedding fused with the KV-cache write, paged split-KV decode attention for one-token
 rows, paged prefill attention for multi-token rows (prefill and chunked prefill over cached
 prefix blocks; in a mixed batch each kind of row goes to its own kernel), and the matmuls through
-``Linear``, whose GEMV kernels apply SiLU-and-mul as they load the down projection's input. Where the prefill kernel cannot launch (a head dim that is
-not a power of two), multi-token rows fall back to ``ops.prefill_attention`` (SDPA over the
-gathered context). Runs on CUDA, or on the CPU under ``TRITON_INTERPRET=1`` (tests). Does
-not own the weights or their names (``llama``), the plain-torch path (``ops``) nor CUDA graphs
-(``selfhost.graphs``).
+``Linear``, whose GEMV kernels apply SiLU-and-mul as they load the down projection's input. Where
+the prefill kernel cannot launch (a head dim that is not a power of two), multi-token rows fall
+back to ``ops.prefill_attention`` (SDPA over the gathered context). Runs on CUDA, or on the CPU
+under ``TRITON_INTERPRET=1`` (tests). Does not own the weights or their names (``llama``), the
+plain-torch path (``ops``) nor CUDA graphs (``selfhost.graphs``).
 
 Rounding follows the torch path: the residual sum is rounded to the activation dtype before the
 norm, the norm is computed in fp32 and rounded before the weight multiply, rotary in fp32 rounded
