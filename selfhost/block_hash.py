@@ -1,15 +1,15 @@
 """Chained hashes of full KV blocks, the keys of the prefix cache.
 
-Owns how a block's identity is computed: ``sha256(parent_hash | token ids | extra keys)``, so a
-block hash names the block *and its whole prefix*. The tenant salt enters the first block only and
-flows down the chain. Does not own which blocks hold which hash (``kv_cache``).
+Owns how a block's identity is computed: ``sha256(parent_hash | token ids as int32 | extra keys)``,
+so a block hash names the block *and its whole prefix*. The tenant salt enters the first block only
+and flows down the chain. Does not own which blocks hold which hash (``kv_cache``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from typing import TYPE_CHECKING, NewType
+from typing import TYPE_CHECKING, NewType, cast
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -23,12 +23,15 @@ ROOT_HASH = BlockHash(b"\x00" * 32)
 
 def hash_block(parent: BlockHash, token_ids: Sequence[int], extra_keys: Sequence[str] = ()) -> BlockHash:
     """Hash one full block given its parent's hash, its token ids and extra keys (e.g. a tenant salt)."""
-    h = hashlib.sha256(parent)
-    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return _hash(parent, struct.pack(f"<{len(token_ids)}i", *token_ids), extra_keys)
+
+
+def _hash(parent: BlockHash, token_bytes: bytes, extra_keys: Sequence[str]) -> BlockHash:
+    data = parent + token_bytes
     for key in extra_keys:
         raw = key.encode()
-        h.update(struct.pack("<q", len(raw)) + raw)  # length-prefixed: ("ab", "c") != ("a", "bc")
-    return BlockHash(h.digest())
+        data += struct.pack("<q", len(raw)) + raw  # length-prefixed: ("ab", "c") != ("a", "bc")
+    return BlockHash(hashlib.sha256(data).digest())
 
 
 def extend_block_hashes(
@@ -44,8 +47,23 @@ def extend_block_hashes(
     that many hashes (a long prompt's blocks are hashed as its chunks are scheduled, not all at once).
     """
     full = len(token_ids) // block_size
-    for i in range(len(hashes), full if num_blocks is None else min(full, num_blocks)):
-        parent = hashes[i - 1] if i else ROOT_HASH
-        extra = (salt,) if (i == 0 and salt is not None) else ()
-        hashes.append(hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra))
+    end = full if num_blocks is None else min(full, num_blocks)
+    start = len(hashes)
+    if end <= start:
+        return hashes
+    # NOTE(crossway): token ids as int32 and packed once for all new blocks: a 16-token block and
+    # its parent then fill two 64-byte SHA-256 rounds instead of three, 0.8 instead of 1.8 us a
+    # block, which is most of what prefix caching costs when nothing hits (bench/prefix_cache_cost.py)
+    raw = struct.pack(f"<{(end - start) * block_size}i", *token_ids[start * block_size : end * block_size])
+    width = 4 * block_size
+    out = cast("list[bytes]", hashes)  # appended to in place, without a BlockHash() call per block
+    parent: bytes = hashes[-1] if hashes else ROOT_HASH
+    sha256 = hashlib.sha256
+    for j in range(end - start):
+        chunk = raw[j * width : (j + 1) * width]
+        if start + j == 0 and salt is not None:
+            parent = _hash(ROOT_HASH, chunk, (salt,))
+        else:
+            parent = sha256(parent + chunk).digest()  # _hash without extra keys
+        out.append(parent)
     return hashes

@@ -184,7 +184,9 @@ class KVCacheManager:
         total = num_computed + num_new_tokens
         need = -(-total // self.block_size) - len(table) - len(prefix_blocks)
         if need <= 0 and not prefix_blocks and table:  # most decode steps: the last block has room
-            if self.enable_prefix_caching:
+            # NOTE(crossway): checked here rather than by a call that returns at once: this runs for
+            # every running request every step (bench/prefix_cache_cost.py)
+            if self.enable_prefix_caching and total // self.block_size > self._num_hashed.get(request.request_id, 0):
                 self._cache_full_blocks(request, table, total)
             return []
         # a hit on a free cached block takes it out of the free queue too

@@ -7,7 +7,7 @@ from selfhost.block_hash import ROOT_HASH, extend_block_hashes, hash_block
 
 
 def test_hash_block_is_sha256_of_parent_tokens_and_keys() -> None:
-    expected = hashlib.sha256(ROOT_HASH + struct.pack("<3q", 1, 2, 3) + struct.pack("<q", 1) + b"t").digest()
+    expected = hashlib.sha256(ROOT_HASH + struct.pack("<3i", 1, 2, 3) + struct.pack("<q", 1) + b"t").digest()
     assert hash_block(ROOT_HASH, [1, 2, 3], ("t",)) == expected
 
 
