@@ -131,6 +131,53 @@ def offline(engine: LLMEngine, n: int, lo: int, hi: int, seed: int) -> dict[str,
     }
 
 
+def gpu_busy(engine: LLMEngine, n: int, lo: int, hi: int, seed: int, window: int) -> dict[str, Any]:
+    """Share of time the GPU runs kernels while ``n`` requests decode together (an offline-style load).
+
+    The steps of a window in mid-run (every request admitted, prefills done) run under
+    torch.profiler's CUDA activity; the union of the kernel and copy intervals, over the span from
+    the first one's start to the last one's end, is the busy share (one GPU clock for both, so host
+    timing and profiler overhead on the host stay out of it, except as the idle gaps they cause).
+    """
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    rng = random.Random(seed)
+    vocab = engine.model_config.vocab_size
+    for i in range(n):
+        prompt = [rng.randrange(100, vocab - 100) for _ in range(rng.randint(lo, hi))]
+        params = SamplingParams(max_tokens=rng.randint(lo, hi), temperature=0.0, ignore_eos=True)
+        engine.add_request(f"busy{seed}-{i}", prompt, params)
+    while engine.scheduler.waiting or any(
+        r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
+    ):
+        engine.step()
+    running = len(engine.scheduler.running)
+    sync(engine.config.device)
+    on_gpu = engine.config.device.startswith("cuda")
+    kind = DeviceType.CUDA if on_gpu else DeviceType.CPU  # CPU ops only in a --smoke check of the code
+    with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
+        for _ in range(window):
+            engine.step()
+        sync(engine.config.device)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == kind)
+    run_all(engine)  # the rest of the load, untimed
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:  # union of intervals: overlapping kernels (PDL) count once
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    total = spans[-1][1] - spans[0][0] if spans else 0.0
+    return {
+        "requests": n,
+        "running_in_window": running,
+        "steps": window,
+        "device_events": len(spans),
+        "busy_us": busy,
+        "span_us": total,
+        "busy_share": busy / total if total else None,
+    }
+
+
 def ttft(engine: LLMEngine, prompt_len: int, repeats: int) -> dict[str, Any]:
     """Time to first token of a fresh prompt, then of the same prompt again (its prefix cached)."""
     cold: list[float] = []
@@ -359,6 +406,10 @@ def main() -> None:
         if ratios:  # prefix caching on / off, pair by pair: its cost when nothing hits
             results["offline_prefix_on_off"] = {"ratios": ratios, "median": statistics.median(ratios)}
             print("offline_prefix_on_off", results["offline_prefix_on_off"])
+    if want("busy"):
+        # 32 requests on the 8B shape: 256 would not fit its KV pool, and preemption is not the load meant
+        n, lo, hi = (6, 10, 40) if smoke else (32 if args.model == "llama3-8b-random" else 256, 100, 1024)
+        run("gpu_busy", lambda: gpu_busy(engine(), n, lo, hi, seed=3, window=5 if smoke else 40))
     if want("ttft"):
         run("ttft_4k", lambda: ttft(engine(), 128 if smoke else 4096, 1 if smoke else 3))
     if want("chunked"):
