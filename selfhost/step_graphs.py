@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from kernels.paged_prefill import prefill_kernel_fits
-from selfhost.graphs import capture
+from selfhost.graphs import TableRows, capture
 from selfhost.models import fused
 from selfhost.models.ops import AttentionMetadata, PrefillBatch
 
@@ -121,6 +121,7 @@ class StepGraphs:
         self._host_tables = [
             torch.zeros((p + dmax, max_blocks), dtype=torch.int32, pin_memory=pinned) for _ in range(2)
         ]
+        self._table_rows = [TableRows(t.numpy()) for t in self._host_tables]
         self._uploaded = [torch.cuda.Event() for _ in range(2)] if self.on_cuda else []  # type: ignore[no-untyped-call]
         self._turn = 0
         self._packed = torch.zeros(starts[-1], dtype=torch.int32, device=device)
@@ -271,10 +272,9 @@ class StepGraphs:
         qstarts_h[multi:] = 0
         qlens_h[multi:] = 0  # unused sequence slots: their programs exit at once
         slens_h[multi:] = 0
-        tab = self._host_tables[turn].numpy()
-        for i, table in enumerate(tables):  # entries past a table's length are never read
-            row = p + i if i < d else i - d
-            tab[row, : len(table)] = table
+        rows = self._table_rows[turn]
+        for i, table in enumerate(tables):
+            rows.put(p + i if i < d else i - d, table)
         self._packed.copy_(self._host[turn], non_blocking=True)
         self._tables[: p + dcap].copy_(self._host_tables[turn][: p + dcap], non_blocking=True)
         if self.on_cuda:
