@@ -51,7 +51,8 @@ class TableRows:
     NOTE(h7): a request's block ids are one list that only grows while it runs
     (``KVCacheManager.block_ids``), so a row that last received the same list at the same length
     holds those ids already. A step of 256 running requests rewrote every table, ~0.34 ms of numpy
-    conversions on the engine thread, where a block is added to a table once in 16 steps. The
+    conversions on the engine thread (on the CPU VM; 0.02 ms with the skip), where a block is
+    added to a table once in 16 steps. The
     array is the caller's; each staging array needs its own ``TableRows``.
     """
 
