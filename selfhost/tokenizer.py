@@ -2,7 +2,8 @@
 
 Owns building a ``tokenizers.Tokenizer`` from ``tokenizer.json`` or from GGUF metadata (byte-level
 BPE: tokens, merges, pre-tokenizer kind), the special tokens, and rendering the model's Jinja chat
-template. Does not own incremental detokenization (``detokenizer``) or stop strings (``output``).
+template, and the incremental decoder of one sequence's text (``TextStream``). Does not own text
+deltas per step or stop strings (``output``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,26 @@ _QWEN2_SPLIT = (
 _SPLIT_BY_PRE = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
 _DIGIT_SPLIT_PRES = {"smollm", "starcoder", "refact"}
 _CONTROL, _USER_DEFINED = 3, 4
+
+
+class TextStream:
+    """The text of one growing sequence, token by token (``tokenizers``' ``DecodeStream`` over a tokenizer).
+
+    It decodes a short window before and after each new token and returns the difference, holding
+    text back while the bytes end in an unfinished UTF-8 character, as vLLM's and TGI's
+    detokenizers do, in one call into the library per token.
+    """
+
+    __slots__ = ("_backend", "_stream")
+
+    def __init__(self, backend: HFTokenizer, context: Sequence[int]) -> None:
+        """Args: ``context`` ids already there (a prompt's tail): their text is not returned, but the next token's decodes after them."""
+        self._backend = backend
+        self._stream = decoders.DecodeStream(skip_special_tokens=True, ids=list(context))
+
+    def step(self, token_id: int) -> str:
+        """Append ``token_id``; return the text it completes ("" while a character is unfinished)."""
+        return self._stream.step(self._backend, token_id) or ""
 
 
 class Tokenizer:
@@ -75,12 +96,9 @@ class Tokenizer:
         """Text of ``ids``."""
         return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def decode_batch(self, seqs: Sequence[Sequence[int]], *, skip_special_tokens: bool = True) -> list[str]:
-        """Text of each of ``seqs``, in one call into the tokenizer library."""
-        return [
-            str(t)
-            for t in self.backend.decode_batch([list(ids) for ids in seqs], skip_special_tokens=skip_special_tokens)
-        ]
+    def text_stream(self, context: Sequence[int] = ()) -> TextStream:
+        """An incremental decoder whose text starts after ``context``."""
+        return TextStream(self.backend, context)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
         """Render ``messages`` with the model's chat template.

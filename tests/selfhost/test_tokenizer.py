@@ -80,3 +80,19 @@ def test_missing_chat_template_is_a_clear_error(tmp_path: Path) -> None:
     tok = load_tokenizer(tmp_path)
     with pytest.raises(ValueError, match="no chat template"):
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_text_stream_releases_whole_characters_and_adds_up_to_the_decoded_text(smollm2: Loaded) -> None:
+    """Token by token, after a prompt's tail: the deltas join to ``decode``'s text, and a character
+    split over several byte tokens comes out only once complete."""
+    tok = smollm2.tokenizer
+    context = tok.encode("User: say it\nAssistant:", add_special_tokens=False)
+    for text in [*TEXTS[:4], " 🙂 and 🚀, 東京"]:
+        ids = tok.encode(text, add_special_tokens=False)
+        stream = tok.text_stream(context[-6:])
+        deltas = [stream.step(i) for i in ids]
+        assert "".join(deltas) == tok.decode([*context, *ids])[len(tok.decode(context)) :], text
+        assert all("\ufffd" not in d for d in deltas)
+    pieces = tok.encode(" 東京", add_special_tokens=False)  # byte-level pieces of two characters
+    stream = tok.text_stream()
+    assert [stream.step(i) for i in pieces] == ["", "", " 東", "", "京"]
