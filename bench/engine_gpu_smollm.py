@@ -111,16 +111,29 @@ def batch1_ms_per_token(engine: LLMEngine, new_tokens: int) -> float:
     return 1000.0 * seconds / tokens
 
 
+def offline_workload(vocab: int, n: int, lo: int, hi: int, seed: int) -> list[tuple[list[int], int]]:
+    """``n`` (random prompt, output length) pairs, both lengths uniform in [lo, hi] (nano-vllm's workload)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        prompt = [rng.randrange(100, vocab - 100) for _ in range(rng.randint(lo, hi))]
+        out.append((prompt, rng.randint(lo, hi)))
+    return out
+
+
+def _add_workload(engine: LLMEngine, tag: str, n: int, lo: int, hi: int, seed: int) -> int:
+    """Queue ``offline_workload``'s requests (greedy, EOS ignored); return their prompt tokens."""
+    total_in = 0
+    for i, (prompt, out_len) in enumerate(offline_workload(engine.model_config.vocab_size, n, lo, hi, seed)):
+        total_in += len(prompt)
+        params = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
+        engine.add_request(f"{tag}{seed}-{i}", prompt, params)
+    return total_in
+
+
 def offline(engine: LLMEngine, n: int, lo: int, hi: int, seed: int) -> dict[str, float]:
     """Throughput of ``n`` requests with prompt and output lengths uniform in [lo, hi]."""
-    rng = random.Random(seed)
-    vocab = engine.model_config.vocab_size
-    total_in = 0
-    for i in range(n):
-        prompt = [rng.randrange(100, vocab - 100) for _ in range(rng.randint(lo, hi))]
-        total_in += len(prompt)
-        out_len = rng.randint(lo, hi)
-        engine.add_request(f"o{seed}-{i}", prompt, SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True))
+    total_in = _add_workload(engine, "o", n, lo, hi, seed)
     seconds, tokens = run_all(engine)
     return {
         "requests": n,
@@ -141,12 +154,7 @@ def gpu_busy(engine: LLMEngine, n: int, lo: int, hi: int, seed: int, window: int
     """
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
-    rng = random.Random(seed)
-    vocab = engine.model_config.vocab_size
-    for i in range(n):
-        prompt = [rng.randrange(100, vocab - 100) for _ in range(rng.randint(lo, hi))]
-        params = SamplingParams(max_tokens=rng.randint(lo, hi), temperature=0.0, ignore_eos=True)
-        engine.add_request(f"busy{seed}-{i}", prompt, params)
+    _add_workload(engine, "busy", n, lo, hi, seed)
     while engine.scheduler.waiting or any(
         r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
     ):

@@ -25,6 +25,7 @@ import statistics
 import time
 from dataclasses import replace
 
+from bench.engine_gpu_smollm import offline_workload
 from selfhost.config import EngineConfig
 from selfhost.kv_cache import KVCacheManager
 from selfhost.request import Request
@@ -32,19 +33,9 @@ from selfhost.sampling import SamplingParams
 from selfhost.scheduler import Scheduler
 
 VOCAB = 49152
-"""SmolLM2's vocabulary (token ids are drawn as in the GPU bench)."""
+"""SmolLM2's vocabulary."""
 GPU_NUM_BLOCKS = 29127
 """The SmolLM2 bf16 engine's pool in the GPU bench: 10 GiB / 368,640 bytes a 16-token block (30 layers, 3 KV heads, head dim 64)."""
-
-
-def workload(n: int, lo: int, hi: int, seed: int) -> list[tuple[list[int], int]]:
-    """``(prompt, output length)`` pairs drawn as ``bench.engine_gpu_smollm.offline`` draws them."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        prompt = [rng.randrange(100, VOCAB - 100) for _ in range(rng.randint(lo, hi))]
-        out.append((prompt, rng.randint(lo, hi)))
-    return out
 
 
 def run(cfg: EngineConfig, num_blocks: int, requests: list[tuple[list[int], int]], seed: int) -> dict[str, float]:
@@ -82,7 +73,7 @@ def main() -> None:
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     base = EngineConfig(device="cpu", max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192)
-    reqs = workload(a.requests, 100, 1024, seed=2)
+    reqs = offline_workload(VOCAB, a.requests, 100, 1024, seed=2)
     on: list[dict[str, float]] = []
     off: list[dict[str, float]] = []
     for enabled in (True, False):  # warm-up: the first runs pay for imports and allocator growth

@@ -150,7 +150,6 @@ if triton is not None:
             sp = tl.program_id(2) % S
         else:
             m0 = tl.program_id(2) * BLOCK_Q
-            sp = 0
         q_len = tl.load(qlen_ptr + b)
         if m0 < q_len:
             q_start = tl.load(qstart_ptr + b).to(tl.int64)
