@@ -17,13 +17,13 @@ import gc
 import json
 import statistics
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from bench.gpu_decoder import LLAMA3_8B, Decoder, DecodeState, QLinear, Shape, capture
+from bench.gpu_decoder import LLAMA3_8B, SMOLLM2_135M, Decoder, DecodeState, QLinear, Shape, capture
 from kernels import quant_matmul
 from kernels._common import set_pdl
 from kernels.dense_gemv import MODEL_ROWS
@@ -31,6 +31,9 @@ from kernels.quant_matmul import Config
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+
+SHAPES = {"llama3-8b": LLAMA3_8B, "smollm2-135m": SMOLLM2_135M}
 
 
 def cuda_time_ms(fn: Callable[[], object], repeats: int = 5) -> float:
@@ -71,22 +74,23 @@ def copy_ceiling_gbs(nbytes: int = 4 << 30) -> float:
 def candidates(kind: Literal["int8", "int4", "dense"], m: int, group: int) -> list[Config]:
     """Launch configs tried per (shape, rows)."""
     out: list[Config] = []
-    if kind == "dense":  # GEMV only (bigger batches run cuBLAS)
-        for bn in (4, 8, 16, 32):
-            for bk in (256, 512, 1024):
-                for split in (1, 2, 4, 8):
-                    out.append(Config("gemv", bn, bk, split, num_warps=4))
-        return out
-    if m <= 4:
-        bks = (256, 512, 1024) if kind == "int8" else tuple(b for b in (128, 256, 512) if b % group == 0)
+    if kind == "int4" and m <= 4:
         for bn in (8, 16, 32, 64, 128):
-            for bk in bks:
+            for bk in (b for b in (128, 256, 512) if b % group == 0):
                 for warps in (4, 8) if bn >= 32 else (4,):
-                    # the int8 loop keeps a (bn, bk) fp32 accumulator: past 64 per thread it spills
-                    if kind == "int8" and bn * bk > 64 * 32 * warps:
-                        continue
                     for split in (1, 2, 4, 8):
                         out.append(Config("gemv", bn, bk, split, num_warps=warps))
+    elif m <= 4 or kind == "dense":  # the dense kind has only the GEMV (bigger batches run cuBLAS)
+        for bn in (2, 4, 8, 16, 32, 64):
+            for bk in (512, 1024, 2048):
+                for warps in (2, 4, 8):
+                    # the (bn, bk) fp32 accumulator spills past 64 a thread; under 4 a thread wastes lanes
+                    if not 4 * 32 * warps <= bn * bk <= 64 * 32 * warps:
+                        continue
+                    for split in (1, 2, 4, 8) if bn >= 8 else (1, 2):
+                        out.append(Config("gemv", bn, bk, split, num_warps=warps))
+    if kind == "dense":
+        return out
     tiled_bks = (64, 128) if kind == "int8" else tuple(b for b in (32, 64, 128) if group % b == 0)
     for bm in (16, 32, 64) if m > 16 else (16,):
         for bn in (32, 64, 128):
@@ -235,14 +239,16 @@ def main() -> None:
     p.add_argument("--context", type=int, default=512, help="KV context tokens before the first timed step")
     p.add_argument("--steps", type=int, default=128)
     p.add_argument("--group", type=int, default=128, help="int4 group size")
-    p.add_argument("--layers", type=int, default=LLAMA3_8B.layers, help="fewer layers for a smoke run")
+    p.add_argument("--shape", choices=tuple(SHAPES), default="llama3-8b", help="the decoder's dimensions")
+    p.add_argument("--layers", type=int, default=0, help="fewer layers for a smoke run (0: the shape's own)")
     p.add_argument("--hf", default="", help="comma list of eager,compiled")
     p.add_argument("--json", default="")
     p.add_argument("--profile", action="store_true", help="kernel times of one batch-1 step per format")
     p.add_argument("--no-pdl", action="store_true", help="launch the kernels without programmatic dependent launch")
     a = p.parse_args()
     set_pdl(not a.no_pdl)
-    shape = Shape(layers=a.layers)
+    shape = SHAPES[a.shape]
+    shape = replace(shape, layers=a.layers or shape.layers)
     batches = [int(b) for b in a.batches.split(",")]
     res: dict[str, object] = {
         "device": torch.cuda.get_device_name(),

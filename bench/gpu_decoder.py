@@ -45,6 +45,10 @@ class Shape:
 
 
 LLAMA3_8B = Shape()
+SMOLLM2_135M = Shape(
+    hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, inter=1536, vocab=49152, rope_theta=100000.0
+)
+"""SmolLM2-135M's dimensions (``bench.engine_gpu --shape smollm2-135m``: its kernels' launch configs)."""
 
 
 @dataclass(slots=True)

@@ -65,16 +65,27 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
     if pinned is not None:
         return pinned
     interp = device.type == "cpu"
+    warps = 4
     if m <= GEMV_MAX_ROWS or kind == "dense":
         if interp:
             bn, bk = 16, 32
+        elif kind == "dense" and k >= 4096:
+            # NOTE(h7): the Llama-3-8B shapes on the H100 at batch 1: two rows a program and 2,048-wide
+            # K steps over 8 warps were the fastest of 34 configs for 4 of its 5 layers, 17.5, 11.8,
+            # 74.7 and 333 us (qkv, o, gate_up, LM head) against 20.9, 13.9, 80.6 and 415 us with the
+            # config below
+            bn, bk, warps = 2, 2048, 8
         elif kind == "dense":
             # NOTE(h7): tuned on the H100 over SmolLM2's shapes at batch 1 (K 576 and 1536): narrow
             # tiles and one long K step, 1.8-3.9 us a layer against 3.4-7.1 us for cuBLAS (and 5-14 us
             # for the quantized kernels' 32 x 128 default); more programs, each with one load in flight
             bn, bk = (8 if n <= 4096 and k <= 1024 else 4), (1024 if k <= 1024 else 512)
+        elif kind in ("int8", "int8g"):
+            # NOTE(h7): the byte-permute GEMV over the 8B shapes: 2 rows x 1,024 columns over 2 warps
+            # was the fastest for o and gate_up and within 4 % of the fastest for qkv and the LM head
+            bn, bk, warps = 2, 1024, 2
         else:
-            bn, bk = 32, 256 if kind in ("int8", "int8g") else 128
+            bn, bk = 32, 128
         bk = max(bk, group)
         path: Literal["gemv", "tiled"] = "gemv"
         # NOTE(h7): counted per row, so that 1 to GEMV_MAX_ROWS rows split K alike and a row's
@@ -90,7 +101,7 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
     split, sms = 1, num_sms(device)
     while tiles * split < 4 * sms and k_iter_cols // (bk * split * 2) >= 4:
         split *= 2
-    return Config(path, bn, bk, split, num_warps=4)
+    return Config(path, bn, bk, split, num_warps=warps)
 
 
 if triton is not None:
