@@ -71,9 +71,9 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
             bn, bk = 16, 32
         elif kind == "dense" and k >= 4096:
             # NOTE(h7): the Llama-3-8B shapes on the H100 at batch 1: two rows a program and 2,048-wide
-            # K steps over 8 warps were the fastest of 34 configs for 4 of its 5 layers, 17.5, 11.8,
-            # 74.7 and 333 us (qkv, o, gate_up, LM head) against 20.9, 13.9, 80.6 and 415 us with the
-            # config below
+            # K steps over 8 warps won the bench's tuning for qkv, o, gate_up and the LM head (17.7,
+            # 12.4, 75.2, 335 us: 2.7-3.1 TB/s); the configs tuned before (4 x 1,024 and 32 x 512 over
+            # 4 warps) took 20.9, 13.9, 80.6 and 415 us in a probe on a machine of the same kind
             bn, bk, warps = 2, 2048, 8
         elif kind == "dense":
             # NOTE(h7): tuned on the H100 over SmolLM2's shapes at batch 1 (K 576 and 1536): narrow
