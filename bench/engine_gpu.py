@@ -75,9 +75,9 @@ def candidates(kind: Literal["int8", "int4", "dense"], m: int, group: int) -> li
     """Launch configs tried per (shape, rows)."""
     out: list[Config] = []
     if kind == "int4" and m <= 4:
-        for bn in (8, 16, 32, 64, 128):
+        for bn in (4, 8, 16, 32, 64):
             for bk in (b for b in (128, 256, 512) if b % group == 0):
-                for warps in (4, 8) if bn >= 32 else (4,):
+                for warps in (2, 4, 8) if bn >= 32 else (2, 4):
                     for split in (1, 2, 4, 8):
                         out.append(Config("gemv", bn, bk, split, num_warps=warps))
     elif m <= 4 or kind == "dense":  # the dense kind has only the GEMV (bigger batches run cuBLAS)

@@ -84,6 +84,10 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
             # NOTE(h7): the byte-permute GEMV over the 8B shapes: 2 rows x 1,024 columns over 2 warps
             # was the fastest for o and gate_up and within 4 % of the fastest for qkv and the LM head
             bn, bk, warps = 2, 1024, 2
+        elif k_iter_cols >= 1024:
+            # NOTE(h7): the int4 GEMV over the 8B shapes (PTX nibble unpack): 16 rows x 512 bytes over
+            # 2 warps was the fastest for gate_up and the LM head, within 3-17 % elsewhere but down
+            bn, bk, warps = 16, 512, 2
         else:
             bn, bk = 32, 128
         bk = max(bk, group)

@@ -142,6 +142,47 @@ if triton is not None:
         _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
 
     @triton.jit
+    def _nibbles_f32(b, ASM: tl.constexpr):
+        """``(1 + lo / 2048, 1 + hi / 128)`` of each byte of a uint8 tensor, exactly, with no int -> float conversion.
+
+        The low nibble goes to mantissa bits 12-15 of 1.0, the high one to bits 16-19. With ASM, one
+        shift serves a pair of nibbles of four bytes held in one register (a 32-bit word: byte i
+        shifted by 12 - 8 i), then one AND-OR each: 3 integer ops a byte instead of 4 (the byte's own
+        extraction to 32 bits included).
+        """
+        if ASM:
+            lo, hi = tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 a, b, c, d, ml, mh, one;
+                mov.b32 ml, 0xF000;
+                mov.b32 mh, 0xF0000;
+                mov.b32 one, 0x3F800000;
+                shl.b32 a, $8, 12;
+                shl.b32 b, $8, 4;
+                shr.u32 c, $8, 4;
+                shr.u32 d, $8, 12;
+                lop3.b32 $0, a, ml, one, 0xEA;
+                lop3.b32 $1, b, ml, one, 0xEA;
+                lop3.b32 $2, c, ml, one, 0xEA;
+                lop3.b32 $3, d, ml, one, 0xEA;
+                lop3.b32 $4, a, mh, one, 0xEA;
+                lop3.b32 $5, b, mh, one, 0xEA;
+                lop3.b32 $6, c, mh, one, 0xEA;
+                lop3.b32 $7, d, mh, one, 0xEA;
+                }""",
+                constraints="=r,=r,=r,=r,=r,=r,=r,=r,r",
+                args=[b],
+                dtype=(tl.int32, tl.int32),
+                is_pure=True,
+                pack=4,
+            )
+        else:
+            w = b.to(tl.int32) << 12
+            lo = (w & 0xF000) | 0x3F800000
+            hi = (w & 0xF0000) | 0x3F800000
+        return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+
+    @triton.jit
     def _int4_kernel(
         x_ptr,  # (M, K) activations, or (M, 2K) [gate | up] when GATED
         w_ptr,  # (N, K/2) uint8: column j low nibble, column j + K/2 high nibble
@@ -167,6 +208,7 @@ if triton is not None:
         BLOCK_K: tl.constexpr,  # bytes per loop step: GEMV a multiple of G, tiled a divisor of G
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
         EXACT: tl.constexpr = False,  # GEMV: fp32 activations, keep every bit of sum(q x)
+        ASM: tl.constexpr = False,  # GEMV: unpack the nibbles with inline PTX (compiled kernels only)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         pdl_enter(PDL)
@@ -193,9 +235,7 @@ if triton is not None:
                 rg = k0 // G + tl.arange(0, NG)
                 gmask = nmask[:, None] & (rg < HI_GROUPS)[None, :]
                 b = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
-                b = b.to(tl.int32) << 12
-                f_lo = ((b & 0xF000) | 0x3F800000).to(tl.float32, bitcast=True)
-                f_hi = ((b & 0xF0000) | 0x3F800000).to(tl.float32, bitcast=True)
+                f_lo, f_hi = _nibbles_f32(b, ASM)
                 x_lo = _load_x(x_ptr + rm * sx_m + rk, kmask, 2 * K2, GATED).to(tl.float32)  # (BLOCK_K,)
                 x_hi = _load_x(x_ptr + rm * sx_m + K2 + rk, kmask, 2 * K2, GATED).to(tl.float32)
                 if EXACT:
@@ -362,4 +402,7 @@ def int4_matmul(
     x, gated = _ungate_if_tiled(x, cfg, gated)
     strides = (x.stride(0), packed.stride(0), scales.stride(0))
     exact = x.dtype == torch.float32
-    return launch(_int4_kernel, x, n, k2, cfg, (packed, scales, zeros), strides, gated, G=group_size, EXACT=exact)
+    asm = x.is_cuda and not interpreting()
+    return launch(
+        _int4_kernel, x, n, k2, cfg, (packed, scales, zeros), strides, gated, G=group_size, EXACT=exact, ASM=asm
+    )
