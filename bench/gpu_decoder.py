@@ -20,7 +20,7 @@ import torch.nn.functional as F  # noqa: N812 (the torch convention)
 from kernels import reference
 from kernels.activation import silu_and_mul
 from kernels.dense_gemv import MODEL_ROWS, dense_gemv
-from kernels.paged_attention import paged_decode_attention
+from kernels.paged_attention import NewTokens, paged_decode_attention
 from kernels.quant_matmul import int4_matmul, int8_matmul
 from kernels.rmsnorm import rms_norm_residual
 from kernels.rope_kv import rope_write_kv
@@ -98,6 +98,8 @@ class Decoder:
 
     def __init__(self, shape: Shape, mode: Mode, group: int = 128, seed: int = 0, device: str = "cuda") -> None:
         self.s, self.mode = shape, mode
+        self.rope_in_attention = False
+        """Rotary and the KV write inside the attention kernel (``NewTokens``) instead of their own launch."""
         g = torch.Generator(device=device).manual_seed(seed)
         dev = torch.device(device)
 
@@ -148,8 +150,12 @@ class Decoder:
             qv = qkv[:, :q_size].view(b, s.heads, s.head_dim)
             kv_k = qkv[:, q_size : q_size + kv_size].view(b, s.kv_heads, s.head_dim)
             kv_v = qkv[:, q_size + kv_size :].view(b, s.kv_heads, s.head_dim)
-            rope_write_kv(qv, kv_k, kv_v, st.positions, self.cos, self.sin, kc, vc, st.slots)
-            o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5)  # (b, nh, hd)
+            if self.rope_in_attention:
+                new = NewTokens(kv_k, kv_v, st.positions, self.cos, self.sin, st.slots)
+                o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5, new=new)  # (b, nh, hd)
+            else:
+                rope_write_kv(qv, kv_k, kv_v, st.positions, self.cos, self.sin, kc, vc, st.slots)
+                o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5)
             x = layer.o(o.view(b, q_size))
             h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps)
             x = layer.down(layer.gate_up(h), gated=True)  # int8 / int4 apply SiLU-and-mul as they load
