@@ -4,7 +4,10 @@
 GQA-aware: a program owns one KV head and all the query heads that share it, so each key and value
 tile is read once for the whole group. Split-KV: the context is cut into partitions of
 ``partition`` tokens, each reduced by its own program to a partial output and log-sum-exp, and a
-second kernel merges the partitions; this keeps the GPU busy at batch 1 over long contexts.
+second kernel merges the partitions; this keeps the GPU busy at batch 1 over long contexts. Given
+the step's new keys and values (``NewTokens``), the split kernel also does what
+``kernels.rope_kv.rope_write_kv`` does in a launch of its own: q is rotated in registers, and the
+programs over each context's last partition rotate and write the new key and value before reading.
 
 Owns the two Triton kernels and the launcher; semantics are
 ``kernels.reference.paged_decode_attention``, which the launcher falls back to where no kernel can
