@@ -120,12 +120,12 @@ if triton is not None:
                 slot = tl.load(slot_ptr + b).to(tl.int64)
                 if (end == seq_len) & (slot >= 0):
                     kn_base = kn_ptr + b * skn_b + kvh * skn_h + h
-                    k1 = tl.load(kn_base, mask=hmask, other=0.0).to(tl.float32)[None, :]
-                    k2 = tl.load(kn_base + HALF, mask=hmask, other=0.0).to(tl.float32)[None, :]
+                    kn1 = tl.load(kn_base, mask=hmask, other=0.0).to(tl.float32)[None, :]
+                    kn2 = tl.load(kn_base + HALF, mask=hmask, other=0.0).to(tl.float32)[None, :]
                     c_base = slot * sc_tok + kvh * sc_h + h[None, :]  # flat slot: block stride = BS * token stride
-                    tl.store(kc_ptr + c_base, (k1 * c - k2 * sn).to(kc_ptr.dtype.element_ty), mask=hmask[None, :])
+                    tl.store(kc_ptr + c_base, (kn1 * c - kn2 * sn).to(kc_ptr.dtype.element_ty), mask=hmask[None, :])
                     tl.store(
-                        kc_ptr + c_base + HALF, (k2 * c + k1 * sn).to(kc_ptr.dtype.element_ty), mask=hmask[None, :]
+                        kc_ptr + c_base + HALF, (kn2 * c + kn1 * sn).to(kc_ptr.dtype.element_ty), mask=hmask[None, :]
                     )
                     vn = tl.load(vn_ptr + b * svn_b + kvh * svn_h + d, mask=dmask, other=0.0)
                     tl.store(vc_ptr + slot * sc_tok + kvh * sc_h + d, vn.to(vc_ptr.dtype.element_ty), mask=dmask)
