@@ -19,14 +19,37 @@ launchers fall back to those where no kernel can run. Launch configs live in
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, tl, triton
-from kernels._matmul_launch import _COUNTERS, GEMV_MAX_ROWS, Config, Kind, config_for, launch, set_config
+from kernels._matmul_launch import (
+    _COUNTERS,
+    GEMV_MAX_ROWS,
+    Config,
+    Kind,
+    ResidualNorm,
+    config_for,
+    launch,
+    set_config,
+    then_norm,
+)
 from kernels.activation import silu_and_mul
 
-__all__ = ["GEMV_MAX_ROWS", "_COUNTERS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
+__all__ = [
+    "GEMV_MAX_ROWS",
+    "_COUNTERS",
+    "Config",
+    "Kind",
+    "ResidualNorm",
+    "int4_matmul",
+    "int4_matmul_norm",
+    "int8_matmul",
+    "int8_matmul_norm",
+    "set_config",
+]
 
 if triton is not None:
     from kernels._common import pdl_enter
@@ -81,6 +104,12 @@ if triton is not None:
         sw_n,  # row stride of w
         ss_n,  # row stride of per-group scales (unused when G == 0)
         so_m,  # row stride of out
+        res_ptr,  # NORM: (M, N) residual in
+        nw_ptr,  # NORM: (N,) norm weight
+        h_ptr,  # NORM: (M, N) out + residual
+        y_ptr,  # NORM: (M, N) the normed row
+        rcnt_ptr,  # NORM: per-row arrival counters, zero between launches
+        eps,  # NORM: variance epsilon
         G: tl.constexpr,  # columns per scale; 0: one scale per row
         GEMV: tl.constexpr,  # FMA path (one row of x per program) instead of tl.dot
         GATED: tl.constexpr,  # x is [gate | up]: multiply silu(gate) * up
@@ -89,6 +118,8 @@ if triton is not None:
         BLOCK_K: tl.constexpr,  # K per loop step: with G, GEMV a multiple of G, tiled a divisor of G
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
         ASM: tl.constexpr = False,  # GEMV: convert the weight bytes with inline PTX (compiled kernels only)
+        NORM: tl.constexpr = False,  # GEMV: finish with the residual RMSNorm (kernels._matmul_launch.ResidualNorm)
+        BLOCK_C: tl.constexpr = 1,  # NORM: power of two >= N
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         pdl_enter(PDL)
@@ -139,7 +170,28 @@ if triton is not None:
         if G == 0:
             s = tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
             acc = acc * s[None, :]
-        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
+        _store_tile(
+            acc,
+            rm,
+            rn,
+            mmask,
+            nmask,
+            out_ptr,
+            so_m,
+            part_ptr,
+            M * N,
+            cnt_ptr,
+            N,
+            NSPLIT,
+            res_ptr,
+            nw_ptr,
+            h_ptr,
+            y_ptr,
+            rcnt_ptr,
+            eps,
+            NORM,
+            BLOCK_C,
+        )
 
     @triton.jit
     def _nibbles_f32(b, ASM: tl.constexpr):
@@ -201,6 +253,12 @@ if triton is not None:
         sw_n,  # row stride of w
         ss_n,  # row stride of scales and zeros
         so_m,  # row stride of out
+        res_ptr,  # NORM: (M, N) residual in
+        nw_ptr,  # NORM: (N,) norm weight
+        h_ptr,  # NORM: (M, N) out + residual
+        y_ptr,  # NORM: (M, N) the normed row
+        rcnt_ptr,  # NORM: per-row arrival counters, zero between launches
+        eps,  # NORM: variance epsilon
         G: tl.constexpr,  # group size (columns per scale)
         GEMV: tl.constexpr,  # FMA path (one row of x per program) instead of tl.dot
         GATED: tl.constexpr,  # x is [gate | up]: multiply silu(gate) * up
@@ -210,6 +268,8 @@ if triton is not None:
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
         EXACT: tl.constexpr = False,  # GEMV: fp32 activations, keep every bit of sum(q x)
         ASM: tl.constexpr = False,  # GEMV: unpack the nibbles with inline PTX (compiled kernels only)
+        NORM: tl.constexpr = False,  # GEMV: finish with the residual RMSNorm (kernels._matmul_launch.ResidualNorm)
+        BLOCK_C: tl.constexpr = 1,  # NORM: power of two >= N
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         pdl_enter(PDL)
@@ -282,7 +342,28 @@ if triton is not None:
                 else:
                     acc += tl.dot(x_lo, tl.trans(w_lo.to(x_lo.dtype)))
                     acc += tl.dot(x_hi, tl.trans(w_hi.to(x_hi.dtype)))
-        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
+        _store_tile(
+            acc,
+            rm,
+            rn,
+            mmask,
+            nmask,
+            out_ptr,
+            so_m,
+            part_ptr,
+            M * N,
+            cnt_ptr,
+            N,
+            NSPLIT,
+            res_ptr,
+            nw_ptr,
+            h_ptr,
+            y_ptr,
+            rcnt_ptr,
+            eps,
+            NORM,
+            BLOCK_C,
+        )
 
 
 def _check_x(x: torch.Tensor, k: int, gated: bool) -> None:
@@ -337,6 +418,32 @@ def int8_matmul(
     Raises:
         ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
     """
+    return cast("torch.Tensor", _int8(x, qweight, scales, config, gated, group_size, None))
+
+
+def int8_matmul_norm(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    norm: ResidualNorm,
+    config: Config | None = None,
+    *,
+    gated: bool = False,
+    group_size: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm_residual(int8_matmul(...), norm.residual, norm.weight, norm.eps)``: the norm inside the GEMV launch where it runs."""
+    return cast("tuple[torch.Tensor, torch.Tensor]", _int8(x, qweight, scales, config, gated, group_size, norm))
+
+
+def _int8(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    config: Config | None,
+    gated: bool,
+    group_size: int,
+    norm: ResidualNorm | None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     check(qweight.dim() == 2, f"qweight must be (N, K), got {tuple(qweight.shape)}")
     n, k = qweight.shape
     _check_x(x, k, gated)
@@ -347,7 +454,7 @@ def int8_matmul(
     check(group_size == 0 or k % group_size == 0, f"K ({k}) must be a multiple of group_size ({group_size})")
     check(scales.shape == want, f"scales must be {want}, got {tuple(scales.shape)}")
     if not can_launch(x, qweight, scales):
-        return reference.int8_matmul(reference.silu_and_mul(x) if gated else x, qweight, scales)
+        return then_norm(reference.int8_matmul(reference.silu_and_mul(x) if gated else x, qweight, scales), norm)
     check_last_contiguous("x", x)
     check_last_contiguous("qweight", qweight)
     check(scales.is_contiguous(), "scales must be contiguous")
@@ -358,7 +465,7 @@ def int8_matmul(
     x, gated = _ungate_if_tiled(x, cfg, gated)
     strides = (x.stride(0), qweight.stride(0), scales.stride(0) if group_size else 0)
     asm = x.is_cuda and not interpreting()
-    return launch(_int8_kernel, x, n, k, cfg, (qweight, scales), strides, gated, G=group_size, ASM=asm)
+    return launch(_int8_kernel, x, n, k, cfg, (qweight, scales), strides, gated, norm, G=group_size, ASM=asm)
 
 
 def int4_matmul(
@@ -380,6 +487,34 @@ def int4_matmul(
     Raises:
         ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
     """
+    return cast("torch.Tensor", _int4(x, packed, scales, zeros, group_size, config, gated, None))
+
+
+def int4_matmul_norm(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    norm: ResidualNorm,
+    config: Config | None = None,
+    *,
+    gated: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm_residual(int4_matmul(...), norm.residual, norm.weight, norm.eps)``: the norm inside the GEMV launch where it runs."""
+    return cast("tuple[torch.Tensor, torch.Tensor]", _int4(x, packed, scales, zeros, group_size, config, gated, norm))
+
+
+def _int4(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    config: Config | None,
+    gated: bool,
+    norm: ResidualNorm | None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     check(packed.dim() == 2, f"packed must be (N, K/2), got {tuple(packed.shape)}")
     n, k2 = packed.shape
     k = 2 * k2
@@ -392,7 +527,8 @@ def int4_matmul(
         f"scales and zeros must be ({n}, {k // group_size})",
     )
     if not can_launch(x, packed, scales, zeros):
-        return reference.int4_matmul(reference.silu_and_mul(x) if gated else x, packed, scales, zeros, group_size)
+        ref = reference.int4_matmul(reference.silu_and_mul(x) if gated else x, packed, scales, zeros, group_size)
+        return then_norm(ref, norm)
     check_last_contiguous("x", x)
     check(
         packed.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous(),
@@ -405,5 +541,5 @@ def int4_matmul(
     exact = x.dtype == torch.float32
     asm = x.is_cuda and not interpreting()
     return launch(
-        _int4_kernel, x, n, k2, cfg, (packed, scales, zeros), strides, gated, G=group_size, EXACT=exact, ASM=asm
+        _int4_kernel, x, n, k2, cfg, (packed, scales, zeros), strides, gated, norm, G=group_size, EXACT=exact, ASM=asm
     )
