@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 
 from kernels._common import check, dot_in_fp32, next_pow2, num_sms, pdl_args, tl, triton
+from kernels.rmsnorm import rms_norm_residual
 
 GEMV_MAX_ROWS = 4
 """Rows of ``x`` up to which the GEMV path is the default."""
@@ -246,8 +247,6 @@ def then_norm(out: torch.Tensor, norm: ResidualNorm | None) -> torch.Tensor | tu
     """``out``, or with ``norm`` ``rms_norm_residual`` over it in its own launch (the paths that cannot fuse it)."""
     if norm is None:
         return out
-    from kernels.rmsnorm import rms_norm_residual  # kernels.rmsnorm stays free of matmul imports
-
     return rms_norm_residual(out, norm.residual, norm.weight, norm.eps)
 
 
