@@ -110,6 +110,7 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
 
 
 if triton is not None:
+    from kernels.rmsnorm import normed_row
 
     @triton.jit
     def _load_x(ptrs, mask, GATE_OFF, GATED: tl.constexpr):
@@ -140,11 +141,11 @@ if triton is not None:
             r = tl.load(res_ptr + row * N + cols, mask=cmask, other=0.0)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
             tl.store(h_ptr + row * N + cols, x, mask=cmask)
-            xf = x.to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
-            normed = (xf * rstd).to(x.dtype).to(tl.float32)
-            w = tl.load(nw_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            tl.store(y_ptr + row * N + cols, (w * normed).to(y_ptr.dtype.element_ty), mask=cmask)
+            tl.store(
+                y_ptr + row * N + cols,
+                normed_row(x, nw_ptr, cols, cmask, N, eps).to(y_ptr.dtype.element_ty),
+                mask=cmask,
+            )
             tl.atomic_xchg(rcnt_ptr + row, 0)
 
     @triton.jit
