@@ -2,9 +2,10 @@
 """How the weight-only matmuls are launched: per-shape configs, the split-K reduction, the grid.
 
 Owns ``Config`` and the config table (``set_config``), the default config per shape, the Triton
-helpers both matmul kernels share (loading x with SiLU-and-mul fused, storing a tile with split-K
-finished in the same launch), the split-K arrival counters and ``launch``. Does not own the
-kernels' inner loops nor the weight formats (``kernels.quant_matmul``, ``kernels.reference``).
+helpers the matmul kernels share (loading x with SiLU-and-mul fused, storing a tile with split-K
+finished in the same launch and, on the GEMV path, the residual RMSNorm done by a row's last
+program: ``ResidualNorm``), the arrival counters and ``launch``. Does not own the kernels' inner
+loops nor the weight formats (``kernels.quant_matmul``, ``kernels.dense_gemv``, ``kernels.reference``).
 """
 
 from __future__ import annotations

@@ -297,6 +297,7 @@ def paged_decode_attention(
             new = None
         else:
             check_dtype("cos", new.cos, torch.float32)
+            check_dtype("sin", new.sin, torch.float32)
             check(
                 new.cos.stride() == new.sin.stride() and new.cos.shape[1] >= hd // 2,
                 "cos/sin must be (P, >= hd/2), alike",
