@@ -38,6 +38,12 @@ if triton is not None:
     from kernels._matmul_launch import _load_x, _store_tile
 
     @triton.jit
+    def _dense_step(acc2, w, x_row, rk, K, GATED: tl.constexpr):
+        """One K step: ``acc2 + w * x[rk]`` with x's columns ``rk`` (masked at K) widened to fp32."""
+        x = _load_x(x_row + rk, rk < K, K, GATED).to(tl.float32)  # (BLOCK_K,)
+        return acc2 + w.to(tl.float32) * x[None, :]
+
+    @triton.jit
     def _dense_gemv_kernel(
         x_ptr,  # (M, K) activations, or (M, 2K) [gate | up] when GATED
         w_ptr,  # (N, K) float weight
@@ -68,19 +74,22 @@ if triton is not None:
         BLOCK_C: tl.constexpr = 1,  # NORM: power of two >= N
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        pdl_enter(PDL)
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        ks = tl.program_id(2)
+        k_lo = tl.program_id(2) * K_SPLIT
         nmask = rn < N
+        w_ptrs = w_ptr + rn[:, None] * sw_n
+        rk = k_lo + tl.arange(0, BLOCK_K)
+        # NOTE(h7): no earlier kernel writes the weight, so its first tile loads before the PDL wait and
+        # is in flight while that kernel finishes (kernels._common.pdl_enter)
+        w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
+        pdl_enter(PDL)
         # per-column partial sums, reduced once after the loop: the same order for every row and batch
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
+        acc2 = _dense_step(tl.zeros((BLOCK_N, BLOCK_K), tl.float32), w, x_ptr + rm * sx_m, rk, K, GATED)
+        for k0 in range(k_lo + BLOCK_K, k_lo + K_SPLIT, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
-            kmask = rk < K
-            x = _load_x(x_ptr + rm * sx_m + rk, kmask, K, GATED).to(tl.float32)  # (BLOCK_K,)
-            w = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-            acc2 += w.to(tl.float32) * x[None, :]
+            w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
+            acc2 = _dense_step(acc2, w, x_ptr + rm * sx_m, rk, K, GATED)
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         _store_tile(
             acc,

@@ -2,9 +2,10 @@
 """Paged attention for decode: one new query per sequence over its block-table context.
 
 GQA-aware: a program owns one KV head and all the query heads that share it, so each key and value
-tile is read once for the whole group. Split-KV: the context is cut into partitions of
-``partition`` tokens, each reduced by its own program to a partial output and log-sum-exp, and a
-second kernel merges the partitions; this keeps the GPU busy at batch 1 over long contexts. Given
+tile is read once for the whole group. Split-KV: each context is cut into ``splits`` equal runs of
+whole key tiles, sized on the device from the sequence's own length, each reduced by its own
+program to a partial output and log-sum-exp, and a second kernel merges them; this keeps the GPU
+busy at small batches, over short contexts as over long ones. Given
 the step's new keys and values (``NewTokens``), the split kernel also does what
 ``kernels.rope_kv.rope_write_kv`` does in a launch of its own: q is rotated in registers, and the
 programs over each context's last partition rotate and write the new key and value before reading.
@@ -36,7 +37,7 @@ from kernels._common import (
 )
 from kernels.rope_kv import rope_write_kv
 
-_MIN_PARTITION = 512
+MAX_SPLITS = 32
 
 if triton is not None:
     from kernels._common import pdl_enter
@@ -69,7 +70,6 @@ if triton is not None:
         s_cos,  # ROPE: row stride of both tables
         scale_log2,  # softmax scale * log2(e)
         S,  # partitions per sequence
-        PART,  # tokens per partition (a multiple of BLOCK_N)
         G: tl.constexpr,  # query heads per KV head
         HD: tl.constexpr,  # head dim
         BS: tl.constexpr,  # tokens per cache block
@@ -95,8 +95,11 @@ if triton is not None:
         hmask = h < HALF
         heads = kvh * G + g  # (BLOCK_G,) query heads of this group
         seq_len = tl.load(lens_ptr + b)
-        start = sp * PART
-        end = tl.minimum(start + PART, seq_len)
+        # this program's keys: one of S equal runs of whole tiles of this context (so a captured graph
+        # splits a short context as finely as a long one, and no program walks it alone)
+        part = tl.cdiv(tl.cdiv(seq_len, S), BLOCK_N) * BLOCK_N
+        start = sp * part
+        end = tl.minimum(start + part, seq_len)
         out_off = ((b * (S * G * tl.num_programs(1)) + heads * S + sp) * HD)[:, None] + d[None, :]
         lse_off = b * (S * G * tl.num_programs(1)) + heads * S + sp
         if start >= end:
@@ -241,7 +244,7 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    partition: int | None = None,
+    splits: int | None = None,
     block_n: int | None = None,
     new: NewTokens | None = None,
 ) -> torch.Tensor:
@@ -257,9 +260,10 @@ def paged_decode_attention(
         block_tables: ``(B, max_blocks)`` int32/int64 block ids.
         seq_lens: ``(B,)`` int32/int64 context lengths, at most ``max_blocks * block_size``.
         scale: softmax scale.
-        partition: tokens per split-KV partition (rounded up to a multiple of the loop tile); by
-            default enough partitions for two programs per multiprocessor over the table's capacity
-            (on a GPU at least 512 tokens each).
+        splits: split-KV partitions per sequence and KV head; each takes an equal run of whole
+            loop tiles of its sequence's context (sized on the device). By default enough for two
+            programs per multiprocessor, at most ``MAX_SPLITS`` and no more than the table's
+            capacity has tiles.
         block_n: context tokens per loop step; default 64 on the GPU, 16 in the interpreter.
         new: the new tokens' keys and values: q arrives unrotated and is rotated in the kernel
             (``q`` itself is left as it is), and the keys and values are written into the caches
@@ -312,16 +316,10 @@ def paged_decode_attention(
     G = nh // nkv
     BLOCK_N = block_n if block_n is not None else (16 if q.device.type == "cpu" else 64)
     max_ctx = block_tables.shape[1] * bs
-    if partition is None:
-        want = max(1, -(-2 * num_sms(q.device) // (B * nkv)))  # partitions per (sequence, KV head)
-        partition = -(-max_ctx // want)
-        if q.device.type == "cuda":
-            # NOTE(h7): at least 512 tokens a partition (vLLM's v2 size): at batch 1 the grid is sized
-            # for the table's whole capacity (8k), and 64 partitions of 128 tokens made a short
-            # context's split and merge launch ~200 programs each for the 3 that had keys.
-            partition = max(partition, _MIN_PARTITION)
-    part = max(BLOCK_N, -(-partition // BLOCK_N) * BLOCK_N)
-    S = max(1, -(-max_ctx // part))
+    if splits is None:
+        want = -(-2 * num_sms(q.device) // max(1, B * nkv))
+        splits = min(want, MAX_SPLITS, -(-max_ctx // BLOCK_N))
+    S = max(1, splits)
     part_out = torch.empty((B, nh, S, hd), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((B, nh, S), dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
@@ -348,7 +346,6 @@ def paged_decode_attention(
         else (0,) * 5,
         scale * math.log2(math.e),
         S,
-        part,
         G=G,
         HD=hd,
         BS=bs,

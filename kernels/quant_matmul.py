@@ -88,6 +88,33 @@ if triton is not None:
             return w.to(tl.float32)
 
     @triton.jit
+    def _int8_gemv_step(
+        acc2, w, k0, x_row, K, s_ptr, rn, ss_n, nmask, G: tl.constexpr, GATED: tl.constexpr, ASM: tl.constexpr
+    ):
+        """One K step of the int8 GEMV at ``k0``: ``w`` is its ``(BLOCK_N, BLOCK_K)`` weight tile.
+
+        ``acc2`` is ``(BLOCK_N, BLOCK_K)`` products (per-row scale, applied after the loop) or, with
+        groups, ``(BLOCK_N, BLOCK_K / G)`` scaled group sums.
+        """
+        BLOCK_N: tl.constexpr = w.shape[0]
+        BLOCK_K: tl.constexpr = w.shape[1]
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        x = _load_x(x_row + rk, kmask, K, GATED).to(tl.float32)  # (BLOCK_K,)
+        qx = _int8_to_f32(w, ASM) * x[None, :]  # (BLOCK_N, BLOCK_K), exact products
+        # NOTE(h7): one return at the end: the compiler visits code after an early one (the interpreter does not)
+        if G == 0:
+            acc2 += qx
+        else:
+            NG: tl.constexpr = BLOCK_K // G
+            t = tl.sum(tl.reshape(qx, (BLOCK_N, NG, G)), axis=2)  # (BLOCK_N, NG)
+            rg = k0 // G + tl.arange(0, NG)
+            gmask = nmask[:, None] & (rg < K // G)[None, :]
+            sg = tl.load(s_ptr + rn[:, None] * ss_n + rg[None, :], mask=gmask, other=0.0).to(tl.float32)
+            acc2 += sg * t
+        return acc2
+
+    @triton.jit
     def _int8_kernel(
         x_ptr,  # (M, K) activations, or (M, 2K) [gate | up] when GATED
         w_ptr,  # (N, K) int8 weight
@@ -122,7 +149,6 @@ if triton is not None:
         BLOCK_C: tl.constexpr = 1,  # NORM: power of two >= N
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        pdl_enter(PDL)
         # GEMV: one row per program, adjacent programs on the same weight tile (shared through L2)
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -133,23 +159,22 @@ if triton is not None:
         # triton 3.6's interpreter); K_SPLIT is a multiple of BLOCK_K, so only the last split masks.
         if GEMV:
             NG: tl.constexpr = BLOCK_K // G if G > 0 else 1  # groups per step
+            w_ptrs = w_ptr + rn[:, None] * sw_n
+            k_lo = ks * K_SPLIT
+            rk = k_lo + tl.arange(0, BLOCK_K)
+            w = tl.load(
+                w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0
+            )  # before the wait: see _dense_gemv_kernel
+            pdl_enter(PDL)
             acc2 = tl.zeros((BLOCK_N, BLOCK_K if G == 0 else NG), tl.float32)
-            for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
+            acc2 = _int8_gemv_step(acc2, w, k_lo, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
+            for k0 in range(k_lo + BLOCK_K, k_lo + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
-                kmask = rk < K
-                x = _load_x(x_ptr + rm * sx_m + rk, kmask, K, GATED).to(tl.float32)  # (BLOCK_K,)
-                w = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
-                qx = _int8_to_f32(w, ASM) * x[None, :]  # (BLOCK_N, BLOCK_K), exact products
-                if G == 0:
-                    acc2 += qx
-                else:
-                    t = tl.sum(tl.reshape(qx, (BLOCK_N, NG, G)), axis=2)  # (BLOCK_N, NG)
-                    rg = k0 // G + tl.arange(0, NG)
-                    gmask = nmask[:, None] & (rg < K // G)[None, :]
-                    sg = tl.load(s_ptr + rn[:, None] * ss_n + rg[None, :], mask=gmask, other=0.0).to(tl.float32)
-                    acc2 += sg * t
+                w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
+                acc2 = _int8_gemv_step(acc2, w, k0, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
+            pdl_enter(PDL)
             acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
             for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
@@ -236,6 +261,55 @@ if triton is not None:
         return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _int4_gemv_step(
+        acc2,
+        b,
+        k0,
+        x_row,
+        K2,
+        s_ptr,
+        z_ptr,
+        rn,
+        ss_n,
+        nmask,
+        G: tl.constexpr,
+        GATED: tl.constexpr,
+        EXACT: tl.constexpr,
+        ASM: tl.constexpr,
+    ):
+        """One K step of the int4 GEMV at byte ``k0``: ``b`` is its ``(BLOCK_N, BLOCK_K)`` packed tile.
+
+        ``acc2`` is ``(BLOCK_N, BLOCK_K / G)`` group sums, both halves' (see the kernel's note for the
+        arithmetic).
+        """
+        BLOCK_N: tl.constexpr = b.shape[0]
+        BLOCK_K: tl.constexpr = b.shape[1]
+        NG: tl.constexpr = BLOCK_K // G  # groups per step and half
+        OFF: tl.constexpr = 1.0 if EXACT else 0.0
+        HI_GROUPS = K2 // G  # group index offset of the high half
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K2
+        rg = k0 // G + tl.arange(0, NG)
+        gmask = nmask[:, None] & (rg < HI_GROUPS)[None, :]
+        f_lo, f_hi = _nibbles_f32(b, ASM)
+        x_lo = _load_x(x_row + rk, kmask, 2 * K2, GATED).to(tl.float32)  # (BLOCK_K,)
+        x_hi = _load_x(x_row + K2 + rk, kmask, 2 * K2, GATED).to(tl.float32)
+        if EXACT:
+            f_lo, f_hi = f_lo - 1.0, f_hi - 1.0
+        t_lo = tl.sum(tl.reshape(f_lo * x_lo[None, :], (BLOCK_N, NG, G)), axis=2)  # (BLOCK_N, NG)
+        t_hi = tl.sum(tl.reshape(f_hi * x_hi[None, :], (BLOCK_N, NG, G)), axis=2)
+        xs_lo = tl.sum(tl.reshape(x_lo, (NG, G)), axis=1)[None, :]  # (1, NG)
+        xs_hi = tl.sum(tl.reshape(x_hi, (NG, G)), axis=1)[None, :]
+        s_off = rn[:, None] * ss_n + rg[None, :]
+        s_lo = tl.load(s_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
+        z_lo = tl.load(z_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
+        s_hi = tl.load(s_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)
+        z_hi = tl.load(z_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)
+        acc2 += (2048.0 * s_lo) * t_lo + (z_lo - (2056.0 - 2048.0 * OFF) * s_lo) * xs_lo
+        acc2 += (128.0 * s_hi) * t_hi + (z_hi - (136.0 - 128.0 * OFF) * s_hi) * xs_hi
+        return acc2
+
+    @triton.jit
     def _int4_kernel(
         x_ptr,  # (M, K) activations, or (M, 2K) [gate | up] when GATED
         w_ptr,  # (N, K/2) uint8: column j low nibble, column j + K/2 high nibble
@@ -272,7 +346,6 @@ if triton is not None:
         BLOCK_C: tl.constexpr = 1,  # NORM: power of two >= N
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        pdl_enter(PDL)
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         ks = tl.program_id(2)
@@ -287,33 +360,24 @@ if triton is not None:
             # NOTE(gguf_native): f x carries q in its low bits, which costs log2(c) bits (~1e-4 relative
             # at c = 2048): nothing against bf16, but fp32 activations (EXACT) take f - 1 = q / c
             # exactly first, one more FP op, and then c s sum((f - 1) x) + (z - 8 s) sum(x).
-            OFF: tl.constexpr = 1.0 if EXACT else 0.0
             NG: tl.constexpr = BLOCK_K // G  # groups per step and half
+            w_ptrs = w_ptr + rn[:, None] * sw_n
+            k_lo = ks * K_SPLIT
+            rk = k_lo + tl.arange(0, BLOCK_K)
+            b = tl.load(
+                w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0
+            )  # before the wait: see _dense_gemv_kernel
+            pdl_enter(PDL)
             acc2 = tl.zeros((BLOCK_N, NG), tl.float32)
-            for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
+            x_row = x_ptr + rm * sx_m
+            acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
+            for k0 in range(k_lo + BLOCK_K, k_lo + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
-                kmask = rk < K2
-                rg = k0 // G + tl.arange(0, NG)
-                gmask = nmask[:, None] & (rg < HI_GROUPS)[None, :]
-                b = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
-                f_lo, f_hi = _nibbles_f32(b, ASM)
-                x_lo = _load_x(x_ptr + rm * sx_m + rk, kmask, 2 * K2, GATED).to(tl.float32)  # (BLOCK_K,)
-                x_hi = _load_x(x_ptr + rm * sx_m + K2 + rk, kmask, 2 * K2, GATED).to(tl.float32)
-                if EXACT:
-                    f_lo, f_hi = f_lo - 1.0, f_hi - 1.0
-                t_lo = tl.sum(tl.reshape(f_lo * x_lo[None, :], (BLOCK_N, NG, G)), axis=2)  # (BLOCK_N, NG)
-                t_hi = tl.sum(tl.reshape(f_hi * x_hi[None, :], (BLOCK_N, NG, G)), axis=2)
-                xs_lo = tl.sum(tl.reshape(x_lo, (NG, G)), axis=1)[None, :]  # (1, NG)
-                xs_hi = tl.sum(tl.reshape(x_hi, (NG, G)), axis=1)[None, :]
-                s_off = rn[:, None] * ss_n + rg[None, :]
-                s_lo = tl.load(s_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
-                z_lo = tl.load(z_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
-                s_hi = tl.load(s_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)
-                z_hi = tl.load(z_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)
-                acc2 += (2048.0 * s_lo) * t_lo + (z_lo - (2056.0 - 2048.0 * OFF) * s_lo) * xs_lo
-                acc2 += (128.0 * s_hi) * t_hi + (z_hi - (136.0 - 128.0 * OFF) * s_hi) * xs_hi
+                b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
+                acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
+            pdl_enter(PDL)
             acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
             for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)

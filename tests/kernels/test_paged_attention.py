@@ -29,28 +29,39 @@ def _case(device, dtype, nkv, group, hd, bs, seq_lens, num_blocks):
 def test_paged_decode_attention_matches_reference_on_irregular_lengths(device, group, dtype):
     """Lengths of 1, a block, a block + 1 and odd long ones, over many partitions, match the reference."""
     if ON_GPU:
-        nkv, hd, bs, lens, partition = 8 // max(1, group // 4), 128, 16, [1, 16, 17, 1000, 4099], 256
+        nkv, hd, bs, lens, splits = 8 // max(1, group // 4), 128, 16, [1, 16, 17, 1000, 4099], 16
     else:
-        nkv, hd, bs, lens, partition = 2, 16, 4, [1, 4, 5, 37], 16
+        nkv, hd, bs, lens, splits = 2, 16, 4, [1, 4, 5, 37], 3
     q, kc, vc, tables, sl = _case(device, dtype, nkv, group, hd, bs, lens, num_blocks=2048 if ON_GPU else 64)
-    out = paged_decode_attention(q, kc, vc, tables, sl, hd**-0.5, partition=partition)
+    out = paged_decode_attention(q, kc, vc, tables, sl, hd**-0.5, splits=splits)
     ref = reference.paged_decode_attention(*(t.cpu() for t in (q, kc, vc, tables, sl)), hd**-0.5)
     tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 2e-3, "rtol": 2e-3}
     torch.testing.assert_close(out.cpu(), ref, **tol)
 
 
 def test_paged_decode_attention_split_count_does_not_change_result(device):
-    """One partition and many partitions give the same output up to fp32 rounding."""
+    """One partition and many (some of them empty) give the same output up to fp32 rounding."""
     q, kc, vc, tables, sl = _case(device, torch.float32, 2, 4, 16, 4, [3, 29, 40], num_blocks=64)
-    one = paged_decode_attention(q, kc, vc, tables, sl, 0.25, partition=1024)
-    many = paged_decode_attention(q, kc, vc, tables, sl, 0.25, partition=16)
+    one = paged_decode_attention(q, kc, vc, tables, sl, 0.25, splits=1)
+    many = paged_decode_attention(q, kc, vc, tables, sl, 0.25, splits=8)
     torch.testing.assert_close(one, many, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("length", [1, 17, 100])
+def test_paged_decode_attention_default_splits_match_reference_for_one_short_sequence(device, length):
+    """Batch 1 over a short context in a wide table (the decode graphs' layout): the default split
+    spreads the few keys over many programs, most of them empty, and matches the reference."""
+    q, kc, vc, tables, sl = _case(device, torch.float32, 2, 4, 16, 4, [length], num_blocks=128)
+    tables = torch.cat([tables, tables.new_zeros(1, 64)], dim=1)  # capacity far beyond the context
+    out = paged_decode_attention(q, kc, vc, tables, sl, 0.25)
+    ref = reference.paged_decode_attention(*(t.cpu() for t in (q, kc, vc, tables, sl)), 0.25)
+    torch.testing.assert_close(out.cpu(), ref, atol=2e-3, rtol=2e-3)
 
 
 def test_paged_decode_attention_gives_zeros_for_empty_context(device):
     """A padded batch row (length 0) yields zeros, never NaN."""
     q, kc, vc, tables, sl = _case(device, torch.float32, 2, 2, 16, 4, [5, 0], num_blocks=16)
-    out = paged_decode_attention(q, kc, vc, tables, sl, 0.25, partition=16)
+    out = paged_decode_attention(q, kc, vc, tables, sl, 0.25, splits=4)
     assert torch.equal(out[1].cpu(), torch.zeros_like(out[1].cpu()))
     assert torch.isfinite(out).all()
 
@@ -59,11 +70,11 @@ def test_paged_decode_attention_gives_zeros_for_empty_context(device):
 def test_paged_decode_attention_matches_reference_over_many_partitions_with_a_padding_row(device, dtype):
     """One loop tile per partition (tens of partitions to merge) matches the reference; length 0 gives zeros."""
     if ON_GPU:
-        nkv, group, hd, bs, lens, partition = 8, 4, 128, 16, [0, 1, 1000, 4099], 64
+        nkv, group, hd, bs, lens, splits = 8, 4, 128, 16, [0, 1, 1000, 4099], 64
     else:
-        nkv, group, hd, bs, lens, partition = 2, 4, 16, 4, [0, 1, 17, 97, 250], 16
+        nkv, group, hd, bs, lens, splits = 2, 4, 16, 4, [0, 1, 17, 97, 250], 16
     q, kc, vc, tables, sl = _case(device, dtype, nkv, group, hd, bs, lens, num_blocks=2048 if ON_GPU else 512)
-    out = paged_decode_attention(q, kc, vc, tables, sl, hd**-0.5, partition=partition)
+    out = paged_decode_attention(q, kc, vc, tables, sl, hd**-0.5, splits=splits)
     ref = reference.paged_decode_attention(*(t.cpu() for t in (q, kc, vc, tables, sl)), hd**-0.5)
     tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 2e-3, "rtol": 2e-3}
     torch.testing.assert_close(out.cpu(), ref, **tol)
@@ -101,16 +112,16 @@ def test_decode_attention_with_new_tokens_equals_rope_write_then_attention(devic
     ``rope_write_kv``'s, the output matches its attention, and q is left unrotated; the new token
     lands at a partition's first, middle and last position and in a padding row nothing is written."""
     if ON_GPU:
-        nkv, bs, lens, partition = 8 // max(1, group // 4), 16, [0, 1, 16, 17, 513, 1000, 4099], 256
+        nkv, bs, lens, splits = 8 // max(1, group // 4), 16, [0, 1, 16, 17, 513, 1000, 4099], 16
     else:
-        nkv, bs, lens, partition = 2, 4, [0, 1, 16, 17, 24, 37], 16
+        nkv, bs, lens, splits = 2, 4, [0, 1, 16, 17, 24, 37], 3
     q, kc, vc, tables, sl = _case(device, dtype, nkv, group, hd, bs, lens, num_blocks=2048 if ON_GPU else 128)
     new = _new_tokens(device, dtype, q, kc, tables, sl, bs, padding_rows=[0])
     q_in, kc2, vc2 = q.clone(), kc.clone(), vc.clone()
-    out = paged_decode_attention(q, kc, vc, tables, sl, hd**-0.5, partition=partition, new=new)
+    out = paged_decode_attention(q, kc, vc, tables, sl, hd**-0.5, splits=splits, new=new)
     q_rot = q.clone()
     rope_write_kv(q_rot, new.k, new.v, new.positions, new.cos, new.sin, kc2, vc2, new.slots)
-    want = paged_decode_attention(q_rot, kc2, vc2, tables, sl, hd**-0.5, partition=partition)
+    want = paged_decode_attention(q_rot, kc2, vc2, tables, sl, hd**-0.5, splits=splits)
     assert torch.equal(q, q_in)
     assert torch.equal(kc, kc2)
     assert torch.equal(vc, vc2)
@@ -124,7 +135,7 @@ def test_decode_attention_with_new_tokens_falls_back_below_head_dim_32(device):
     q, kc, vc, tables, sl = _case(device, torch.float32, 2, 2, 16, 4, [5, 9], num_blocks=16)
     new = _new_tokens(device, torch.float32, q, kc, tables, sl, 4)
     kc2, vc2, q_rot = kc.clone(), vc.clone(), q.clone()
-    out = paged_decode_attention(q, kc, vc, tables, sl, 0.25, partition=16, new=new)
+    out = paged_decode_attention(q, kc, vc, tables, sl, 0.25, splits=4, new=new)
     rope_write_kv(q_rot, new.k, new.v, new.positions, new.cos, new.sin, kc2, vc2, new.slots)
-    torch.testing.assert_close(out, paged_decode_attention(q_rot, kc2, vc2, tables, sl, 0.25, partition=16))
+    torch.testing.assert_close(out, paged_decode_attention(q_rot, kc2, vc2, tables, sl, 0.25, splits=4))
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
