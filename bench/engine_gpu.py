@@ -245,11 +245,6 @@ def main() -> None:
     p.add_argument("--json", default="")
     p.add_argument("--profile", action="store_true", help="kernel times of one batch-1 step per format")
     p.add_argument("--no-pdl", action="store_true", help="launch the kernels without programmatic dependent launch")
-    p.add_argument(
-        "--fusions",
-        action="store_true",
-        help="also time batch 1 with rotary + KV write in the attention kernel, norms in the matmuls, and both",
-    )
     a = p.parse_args()
     set_pdl(not a.no_pdl)
     shape = SHAPES[a.shape]
@@ -293,15 +288,6 @@ def main() -> None:
                 ids[mode] = first
             rows.append(row)
             print(f"  {mode} batch {b}: {rate:.1f} tok/s", flush=True)
-        # the same tuned weights and configs with fewer launches a layer: +rope one, +norm two, both three
-        for rope, norm in ((True, False), (False, True), (True, True)) if a.fusions else ():
-            dec.rope_in_attention, dec.norm_in_matmul = rope, norm
-            name = mode + "+rope" * rope + "+norm" * norm
-            rate, first = decode_rate(dec, shape, 1, a.context, a.steps)
-            rows.append({"mode": name, "batch": 1, "tok_s": rate, "weight_gb": wbytes / 1e9})
-            ids[name] = first
-            print(f"  {name} batch 1: {rate:.1f} tok/s", flush=True)
-        dec.rope_in_attention = dec.norm_in_matmul = False
         if a.profile:
             try:
                 prof = step_profile(dec, shape, a.context)

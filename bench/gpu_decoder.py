@@ -19,9 +19,9 @@ import torch.nn.functional as F  # noqa: N812 (the torch convention)
 
 from kernels import reference
 from kernels.activation import silu_and_mul
-from kernels.dense_gemv import MODEL_ROWS, dense_gemv, dense_gemv_norm
-from kernels.paged_attention import NewTokens, paged_decode_attention
-from kernels.quant_matmul import ResidualNorm, int4_matmul, int4_matmul_norm, int8_matmul, int8_matmul_norm
+from kernels.dense_gemv import MODEL_ROWS, dense_gemv
+from kernels.paged_attention import paged_decode_attention
+from kernels.quant_matmul import int4_matmul, int8_matmul
 from kernels.rmsnorm import rms_norm_residual
 from kernels.rope_kv import rope_write_kv
 
@@ -92,27 +92,12 @@ class QLinear:
             return int8_matmul(x, self.tensors[0], self.tensors[1], gated=gated)
         return int4_matmul(x, self.tensors[0], self.tensors[1], self.tensors[2], self.group, gated=gated)
 
-    def then_norm(self, x: torch.Tensor, norm: ResidualNorm, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """``rms_norm_residual(self(x), ...)``: inside the matmul's launch on the GEMV paths, else after it."""
-        t = self.tensors
-        if self.mode == "bf16" and x.shape[0] <= MODEL_ROWS:
-            return dense_gemv_norm(x, t[0], norm, gated=gated)
-        if self.mode == "int8":
-            return int8_matmul_norm(x, t[0], t[1], norm, gated=gated)
-        if self.mode == "int4":
-            return int4_matmul_norm(x, t[0], t[1], t[2], self.group, norm, gated=gated)
-        return rms_norm_residual(self(x, gated), norm.residual, norm.weight, norm.eps)
-
 
 class Decoder:
     """Random-weight decoder; ``step`` runs one decode token for every row of the batch."""
 
     def __init__(self, shape: Shape, mode: Mode, group: int = 128, seed: int = 0, device: str = "cuda") -> None:
         self.s, self.mode = shape, mode
-        self.rope_in_attention = False
-        """Rotary and the KV write inside the attention kernel (``NewTokens``) instead of their own launch."""
-        self.norm_in_matmul = False
-        """Each residual RMSNorm after o and down done by that matmul's last program (``ResidualNorm``)."""
         g = torch.Generator(device=device).manual_seed(seed)
         dev = torch.device(device)
 
@@ -156,30 +141,19 @@ class Decoder:
         b = st.ids.shape[0]
         q_size, kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
         x = F.embedding(st.ids, self.embed)  # (b, C)
-        h, res = rms_norm_residual(x, None, self.layers[0].attn_norm, s.eps)
-        for i, (layer, (kc, vc)) in enumerate(zip(self.layers, st.kv, strict=True)):
-            if i and not self.norm_in_matmul:
-                h, res = rms_norm_residual(x, res, layer.attn_norm, s.eps)
+        res: torch.Tensor | None = None
+        for layer, (kc, vc) in zip(self.layers, st.kv, strict=True):
+            h, res = rms_norm_residual(x, res, layer.attn_norm, s.eps)
             qkv = layer.qkv(h)  # (b, (nh + 2 nkv) hd)
             qv = qkv[:, :q_size].view(b, s.heads, s.head_dim)
             kv_k = qkv[:, q_size : q_size + kv_size].view(b, s.kv_heads, s.head_dim)
             kv_v = qkv[:, q_size + kv_size :].view(b, s.kv_heads, s.head_dim)
-            if self.rope_in_attention:
-                new = NewTokens(kv_k, kv_v, st.positions, self.cos, self.sin, st.slots)
-                o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5, new=new)  # (b, nh, hd)
-            else:
-                rope_write_kv(qv, kv_k, kv_v, st.positions, self.cos, self.sin, kc, vc, st.slots)
-                o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5)
-            if self.norm_in_matmul:  # the next norm is the next layer's first, or the final one
-                nxt = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
-                h, res = layer.o.then_norm(o.view(b, q_size), ResidualNorm(res, layer.mlp_norm, s.eps))
-                h, res = layer.down.then_norm(layer.gate_up(h), ResidualNorm(res, nxt, s.eps), gated=True)
-            else:
-                x = layer.o(o.view(b, q_size))
-                h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps)
-                x = layer.down(layer.gate_up(h), gated=True)  # int8 / int4 apply SiLU-and-mul as they load
-        if not self.norm_in_matmul:
-            h, _ = rms_norm_residual(x, res, self.norm, s.eps)
+            rope_write_kv(qv, kv_k, kv_v, st.positions, self.cos, self.sin, kc, vc, st.slots)
+            o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5)  # (b, nh, hd)
+            x = layer.o(o.view(b, q_size))
+            h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps)
+            x = layer.down(layer.gate_up(h), gated=True)  # int8 / int4 apply SiLU-and-mul as they load
+        h, _ = rms_norm_residual(x, res, self.norm, s.eps)
         logits = self.lm_head(h)  # (b, V)
         st.ids.copy_(logits.argmax(-1))
         st.advance()

@@ -3,9 +3,9 @@
 
 Owns ``Config`` and the config table (``set_config``), the default config per shape, the Triton
 helpers the matmul kernels share (loading x with SiLU-and-mul fused, storing a tile with split-K
-finished in the same launch and, on the GEMV path, the residual RMSNorm done by a row's last
-program: ``ResidualNorm``), the arrival counters and ``launch``. Does not own the kernels' inner
-loops nor the weight formats (``kernels.quant_matmul``, ``kernels.dense_gemv``, ``kernels.reference``).
+finished in the same launch), the split-K arrival counters and ``launch``. Does not own the
+kernels' inner loops nor the weight formats (``kernels.quant_matmul``, ``kernels.dense_gemv``,
+``kernels.reference``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Literal
 
 import torch
 
-from kernels._common import check, dot_in_fp32, next_pow2, num_sms, pdl_args, tl, triton
-from kernels.rmsnorm import rms_norm_residual
+from kernels._common import dot_in_fp32, num_sms, pdl_args, tl, triton
 
 GEMV_MAX_ROWS = 4
 """Rows of ``x`` up to which the GEMV path is the default."""
@@ -111,7 +110,6 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
 
 
 if triton is not None:
-    from kernels.rmsnorm import normed_row
 
     @triton.jit
     def _load_x(ptrs, mask, GATE_OFF, GATED: tl.constexpr):
@@ -124,68 +122,18 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _norm_row_if_last(out_ptr, so_m, N, res_ptr, nw_ptr, h_ptr, y_ptr, rcnt_ptr, eps, BLOCK_C: tl.constexpr):
-        """After a GEMV program wrote its row's final tile: the row's last tile to finish does its residual RMSNorm.
-
-        The arithmetic and rounding of ``kernels.rmsnorm`` over ``out + residual``, done by one program
-        of the matmul instead of a launch of its own. Rows arrive on a per-row atomic counter, which
-        that program resets for the next launch.
-        """
-        row = tl.program_id(0)
-        # NOTE(h7): every thread's out store must precede the release of the counter increment
-        tl.debug_barrier()
-        done = tl.atomic_add(rcnt_ptr + row, 1, sem="acq_rel")
-        if done == tl.num_programs(1) - 1:
-            cols = tl.arange(0, BLOCK_C)
-            cmask = cols < N
-            x = tl.load(out_ptr + row * so_m + cols, mask=cmask, other=0.0, cache_modifier=".cg")
-            r = tl.load(res_ptr + row * N + cols, mask=cmask, other=0.0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-            tl.store(h_ptr + row * N + cols, x, mask=cmask)
-            tl.store(
-                y_ptr + row * N + cols,
-                normed_row(x, nw_ptr, cols, cmask, N, eps).to(y_ptr.dtype.element_ty),
-                mask=cmask,
-            )
-            tl.atomic_xchg(rcnt_ptr + row, 0)
-
-    @triton.jit
-    def _store_tile(
-        acc,
-        rm,
-        rn,
-        mmask,
-        nmask,
-        out_ptr,
-        so_m,
-        part_ptr,
-        sp_s,
-        cnt_ptr,
-        N,
-        NSPLIT,
-        res_ptr,
-        nw_ptr,
-        h_ptr,
-        y_ptr,
-        rcnt_ptr,
-        eps,
-        NORM: tl.constexpr,
-        BLOCK_C: tl.constexpr,
-    ):
+    def _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, sp_s, cnt_ptr, N, NSPLIT):
         """Write a finished ``(rows, cols)`` fp32 tile, reducing split-K in the same launch.
 
         Without split-K the tile goes straight to ``out``. With it, each program stores an fp32 partial;
         the last of the tile's NSPLIT programs to arrive (an atomic counter per tile) sums the partials
         in split order, so the result does not depend on arrival order, writes ``out`` and resets the
-        counter for the next launch (CUDA graph replays reuse it). With NORM (GEMV path only), the
-        program that writes a row's last tile also runs the row's residual RMSNorm.
+        counter for the next launch (CUDA graph replays reuse it).
         """
         omask = mmask[:, None] & nmask[None, :]
         o_off = rm[:, None] * so_m + rn[None, :]
         if NSPLIT == 1:
             tl.store(out_ptr + o_off, acc.to(out_ptr.dtype.element_ty), mask=omask)
-            if NORM:
-                _norm_row_if_last(out_ptr, so_m, N, res_ptr, nw_ptr, h_ptr, y_ptr, rcnt_ptr, eps, BLOCK_C)
         else:
             p_off = rm[:, None] * N + rn[None, :]
             tl.store(part_ptr + tl.program_id(2) * sp_s + p_off, acc, mask=omask)
@@ -200,23 +148,9 @@ if triton is not None:
                     tot += tl.load(part_ptr + s * sp_s + p_off, mask=omask, other=0.0, cache_modifier=".cg")
                 tl.store(out_ptr + o_off, tot.to(out_ptr.dtype.element_ty), mask=omask)
                 tl.atomic_xchg(cnt_ptr + tile, 0)
-                if NORM:
-                    _norm_row_if_last(out_ptr, so_m, N, res_ptr, nw_ptr, h_ptr, y_ptr, rcnt_ptr, eps, BLOCK_C)
-
-
-@dataclass(frozen=True, slots=True)
-class ResidualNorm:
-    """What a GEMV-path matmul may finish with: ``rms_norm_residual(out, residual, weight, eps)`` (``kernels.rmsnorm``)."""
-
-    residual: torch.Tensor
-    """``(M, N)`` the running residual, x's dtype."""
-    weight: torch.Tensor
-    """``(N,)`` the norm's weight."""
-    eps: float
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
-_ROW_COUNTERS: dict[torch.device, torch.Tensor] = {}
 _ALL_COUNTERS: list[torch.Tensor] = []
 
 
@@ -235,23 +169,6 @@ def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     return buf
 
 
-def _row_counters(device: torch.device) -> torch.Tensor:
-    """Per-row arrival counters of the fused residual RMSNorm (``ResidualNorm``); zero between launches, never freed."""
-    buf = _ROW_COUNTERS.get(device)
-    if buf is None:
-        buf = torch.zeros(GEMV_MAX_ROWS, dtype=torch.int32, device=device)
-        _ALL_COUNTERS.append(buf)
-        _ROW_COUNTERS[device] = buf
-    return buf
-
-
-def then_norm(out: torch.Tensor, norm: ResidualNorm | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """``out``, or with ``norm`` ``rms_norm_residual`` over it in its own launch (the paths that cannot fuse it)."""
-    if norm is None:
-        return out
-    return rms_norm_residual(out, norm.residual, norm.weight, norm.eps)
-
-
 def launch(
     kernel: object,
     x: torch.Tensor,
@@ -261,14 +178,11 @@ def launch(
     tensors: tuple[torch.Tensor, ...],
     strides: tuple[int, ...],
     gated: bool,
-    norm: ResidualNorm | None = None,
     **constexprs: int,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """Run ``kernel`` over the grid ``cfg`` asks for; split-K partials are reduced inside the launch.
 
-    ``k_cols`` is the K extent the kernel iterates (packed bytes per half for int4). With ``norm``
-    (GEMV path, at most ``GEMV_MAX_ROWS`` rows), returns ``(normed, out + residual)`` as
-    ``rms_norm_residual`` would, instead of ``out``.
+    ``k_cols`` is the K extent the kernel iterates (packed bytes per half for int4).
     """
     m = x.shape[0]
     per_split = -(-k_cols // cfg.split_k)
@@ -281,15 +195,6 @@ def launch(
     if split > 1:
         part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
         counters = _counters(x.device, grid[0] * grid[1])
-    fused = norm if gemv and m <= GEMV_MAX_ROWS else None
-    res, nw, h, y, rows, eps = out, out, out, out, out, 0.0  # placeholders without norm: never read
-    if fused is not None:
-        check(
-            fused.residual.shape == (m, n) and fused.residual.dtype == x.dtype, f"residual must be ({m}, {n}) {x.dtype}"
-        )
-        check(fused.residual.is_contiguous() and fused.weight.shape == (n,), f"residual contiguous, weight ({n},)")
-        res, nw, eps = fused.residual, fused.weight, fused.eps
-        h, y, rows = torch.empty_like(out), torch.empty_like(out), _row_counters(x.device)
     kernel[grid](  # type: ignore[index]
         x,
         *tensors,
@@ -310,15 +215,7 @@ def launch(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         DOT_F32=dot_in_fp32() or x.dtype == torch.float32,
-        res_ptr=res,
-        nw_ptr=nw,
-        h_ptr=h,
-        y_ptr=y,
-        rcnt_ptr=rows,
-        eps=eps,
-        NORM=fused is not None,
-        BLOCK_C=next_pow2(n) if fused is not None else 1,
         num_warps=cfg.num_warps,
         **pdl_args(x),
     )
-    return (y, h) if fused is not None else then_norm(out, norm)
+    return out

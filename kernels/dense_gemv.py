@@ -15,15 +15,13 @@ Owns the kernel and its launcher. Does not own when the model uses it (``selfhos
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 
 from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, tl, triton
-from kernels._matmul_launch import GEMV_MAX_ROWS, Config, ResidualNorm, config_for, launch, then_norm
+from kernels._matmul_launch import GEMV_MAX_ROWS, Config, config_for, launch
 
-__all__ = ["GEMV_MAX_ROWS", "MODEL_ROWS", "ResidualNorm", "dense_gemv", "dense_gemv_norm"]
+__all__ = ["GEMV_MAX_ROWS", "MODEL_ROWS", "dense_gemv"]
 
 MODEL_ROWS = 1
 """Rows of x up to which a model's float linear takes this kernel on the GPU rather than cuBLAS.
@@ -58,20 +56,12 @@ if triton is not None:
         sx_m,  # row stride of x
         sw_n,  # row stride of w
         so_m,  # row stride of out
-        res_ptr,  # NORM: (M, N) residual in
-        nw_ptr,  # NORM: (N,) norm weight
-        h_ptr,  # NORM: (M, N) out + residual
-        y_ptr,  # NORM: (M, N) the normed row
-        rcnt_ptr,  # NORM: per-row arrival counters, zero between launches
-        eps,  # NORM: variance epsilon
         GEMV: tl.constexpr,  # always True here (``launch`` passes it to every matmul kernel)
         GATED: tl.constexpr,  # x is [gate | up]: multiply silu(gate) * up
         BLOCK_M: tl.constexpr,  # unused (the tiled path's rows per program)
         BLOCK_N: tl.constexpr,  # output columns per program
         BLOCK_K: tl.constexpr,  # K per loop step
         DOT_F32: tl.constexpr,  # unused (no tl.dot)
-        NORM: tl.constexpr = False,  # GEMV: finish with the residual RMSNorm (kernels._matmul_launch.ResidualNorm)
-        BLOCK_C: tl.constexpr = 1,  # NORM: power of two >= N
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32)
@@ -91,28 +81,7 @@ if triton is not None:
             w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
             acc2 = _dense_step(acc2, w, x_ptr + rm * sx_m, rk, K, GATED)
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
-        _store_tile(
-            acc,
-            rm,
-            rn,
-            rm < M,
-            nmask,
-            out_ptr,
-            so_m,
-            part_ptr,
-            M * N,
-            cnt_ptr,
-            N,
-            NSPLIT,
-            res_ptr,
-            nw_ptr,
-            h_ptr,
-            y_ptr,
-            rcnt_ptr,
-            eps,
-            NORM,
-            BLOCK_C,
-        )
+        _store_tile(acc, rm, rn, rm < M, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
 
 
 def dense_gemv(
@@ -126,19 +95,6 @@ def dense_gemv(
     Raises:
         ValueError: shapes, dtypes or strides the kernel cannot take, or a tiled ``config``.
     """
-    return cast("torch.Tensor", _dense(x, weight, config, gated, None))
-
-
-def dense_gemv_norm(
-    x: torch.Tensor, weight: torch.Tensor, norm: ResidualNorm, config: Config | None = None, *, gated: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rms_norm_residual(dense_gemv(...), norm.residual, norm.weight, norm.eps)``, the norm inside the launch."""
-    return cast("tuple[torch.Tensor, torch.Tensor]", _dense(x, weight, config, gated, norm))
-
-
-def _dense(
-    x: torch.Tensor, weight: torch.Tensor, config: Config | None, gated: bool, norm: ResidualNorm | None
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     check(weight.dim() == 2, f"weight must be (N, K), got {tuple(weight.shape)}")
     n, k = weight.shape
     cols = 2 * k if gated else k
@@ -147,9 +103,9 @@ def _dense(
     check_dtype("weight", weight, torch.float32, torch.float16, torch.bfloat16)
     if not can_launch(x, weight):
         xa = reference.silu_and_mul(x) if gated else x
-        return then_norm((xa.float() @ weight.float().T).to(x.dtype), norm)
+        return (xa.float() @ weight.float().T).to(x.dtype)
     check_last_contiguous("x", x)
     check_last_contiguous("weight", weight)
     cfg = config or config_for("dense", x.shape[0], n, k, k, 0, x.device)
     check(cfg.path == "gemv", f"dense_gemv has only the GEMV path, got {cfg.path}")
-    return launch(_dense_gemv_kernel, x, n, k, cfg, (weight,), (x.stride(0), weight.stride(0)), gated, norm)
+    return launch(_dense_gemv_kernel, x, n, k, cfg, (weight,), (x.stride(0), weight.stride(0)), gated)

@@ -5,10 +5,7 @@ GQA-aware: a program owns one KV head and all the query heads that share it, so 
 tile is read once for the whole group. Split-KV: each context is cut into ``splits`` equal runs of
 whole key tiles, sized on the device from the sequence's own length, each reduced by its own
 program to a partial output and log-sum-exp, and a second kernel merges them; this keeps the GPU
-busy at small batches, over short contexts as over long ones. Given
-the step's new keys and values (``NewTokens``), the split kernel also does what
-``kernels.rope_kv.rope_write_kv`` does in a launch of its own: q is rotated in registers, and the
-programs over each context's last partition rotate and write the new key and value before reading.
+busy at small batches, over short contexts as over long ones.
 
 Owns the two Triton kernels and the launcher; semantics are
 ``kernels.reference.paged_decode_attention``, which the launcher falls back to where no kernel can
@@ -18,7 +15,6 @@ run. Does not own prefill attention (multi-token queries), nor the block tables 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -35,7 +31,6 @@ from kernels._common import (
     tl,
     triton,
 )
-from kernels.rope_kv import rope_write_kv
 
 MAX_SPLITS = 32
 
@@ -51,23 +46,12 @@ if triton is not None:
         lens_ptr,  # (B,) context lengths
         part_out_ptr,  # (B, NH, S, HD) fp32 partial outputs, normalised within the partition
         part_lse_ptr,  # (B, NH, S) fp32 partial log2-sum-exp2, -inf for an empty partition
-        kn_ptr,  # ROPE: (B, NKV, HD) the new token's keys, unrotated
-        vn_ptr,  # ROPE: (B, NKV, HD) the new token's values
-        pos_ptr,  # ROPE: (B,) the new token's positions (seq_len - 1)
-        cos_ptr,  # ROPE: (P, >= HD/2) fp32 cos table
-        sin_ptr,  # ROPE: (P, >= HD/2) fp32 sin table
-        slot_ptr,  # ROPE: (B,) the new token's flat cache slots; negative: no write
         sq_b,  # q strides: batch, head
         sq_h,
         sc_blk,  # cache strides: block, token-in-block, head
         sc_tok,
         sc_h,
         st_b,  # block table row stride
-        skn_b,  # ROPE: new-key strides: batch, head
-        skn_h,
-        svn_b,  # ROPE: new-value strides: batch, head
-        svn_h,
-        s_cos,  # ROPE: row stride of both tables
         scale_log2,  # softmax scale * log2(e)
         S,  # partitions per sequence
         G: tl.constexpr,  # query heads per KV head
@@ -78,8 +62,6 @@ if triton is not None:
         BLOCK_N: tl.constexpr,  # context tokens per loop step
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32 (the CPU interpreter needs it)
         PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" keeps fp32 inputs off tf32
-        ROPE: tl.constexpr = False,  # q arrives unrotated; rotate it here and write the new K/V first
-        BLOCK_HALF: tl.constexpr = 16,  # ROPE: power of two >= HD / 2
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         pdl_enter(PDL)
@@ -90,9 +72,6 @@ if triton is not None:
         d = tl.arange(0, BLOCK_D)
         gmask = g < G
         dmask = d < HD
-        HALF: tl.constexpr = HD // 2
-        h = tl.arange(0, BLOCK_HALF)  # ROPE: columns of one half of a head
-        hmask = h < HALF
         heads = kvh * G + g  # (BLOCK_G,) query heads of this group
         seq_len = tl.load(lens_ptr + b)
         # this program's keys: one of S equal runs of whole tiles of this context (so a captured graph
@@ -106,43 +85,9 @@ if triton is not None:
             tl.store(part_out_ptr + out_off, tl.zeros((BLOCK_G, BLOCK_D), tl.float32), mask=gmask[:, None] & dmask)
             tl.store(part_lse_ptr + lse_off, tl.full((BLOCK_G,), float("-inf"), tl.float32), mask=gmask)
         else:
-            if ROPE:
-                # the rope kernel's arithmetic (kernels.rope_kv), in registers: q halves rotated in
-                # fp32 and rounded once; the program whose partition ends the context writes the
-                # new key (rotated) and value into the cache, then reads them back like any other
-                pos = tl.load(pos_ptr + b).to(tl.int64)
-                c = tl.load(cos_ptr + pos * s_cos + h, mask=hmask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_HALF)
-                sn = tl.load(sin_ptr + pos * s_cos + h, mask=hmask, other=0.0).to(tl.float32)[None, :]
-                q_base = q_ptr + b * sq_b + heads[:, None] * sq_h + h[None, :]  # (BLOCK_G, BLOCK_HALF)
-                qm = gmask[:, None] & hmask[None, :]
-                q1 = tl.load(q_base, mask=qm, other=0.0)
-                q2 = tl.load(q_base + HALF, mask=qm, other=0.0)
-                q1f, q2f = q1.to(tl.float32), q2.to(tl.float32)
-                q1 = (q1f * c - q2f * sn).to(q1.dtype)
-                q2 = (q2f * c + q1f * sn).to(q2.dtype)
-                slot = tl.load(slot_ptr + b).to(tl.int64)
-                if (end == seq_len) & (slot >= 0):
-                    kn_base = kn_ptr + b * skn_b + kvh * skn_h + h
-                    kn1 = tl.load(kn_base, mask=hmask, other=0.0).to(tl.float32)[None, :]
-                    kn2 = tl.load(kn_base + HALF, mask=hmask, other=0.0).to(tl.float32)[None, :]
-                    c_base = slot * sc_tok + kvh * sc_h + h[None, :]  # flat slot: block stride = BS * token stride
-                    tl.store(kc_ptr + c_base, (kn1 * c - kn2 * sn).to(kc_ptr.dtype.element_ty), mask=hmask[None, :])
-                    tl.store(
-                        kc_ptr + c_base + HALF, (kn2 * c + kn1 * sn).to(kc_ptr.dtype.element_ty), mask=hmask[None, :]
-                    )
-                    vn = tl.load(vn_ptr + b * svn_b + kvh * svn_h + d, mask=dmask, other=0.0)
-                    tl.store(vc_ptr + slot * sc_tok + kvh * sc_h + d, vn.to(vc_ptr.dtype.element_ty), mask=dmask)
-                    # NOTE(h7): the loads below must see these stores: a CTA barrier orders its own
-                    # global writes before its later reads
-                    tl.debug_barrier()
-                if DOT_F32:
-                    q1, q2 = q1.to(tl.float32), q2.to(tl.float32)
-            else:
-                q = tl.load(
-                    q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None] & dmask, other=0.0
-                )
-                if DOT_F32:
-                    q = q.to(tl.float32)
+            q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None] & dmask, other=0.0)
+            if DOT_F32:
+                q = q.to(tl.float32)
             m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
             lsum = tl.zeros((BLOCK_G,), tl.float32)
             acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
@@ -150,28 +95,14 @@ if triton is not None:
                 t = t0 + tl.arange(0, BLOCK_N)
                 tmask = t < end
                 blk = tl.load(table_ptr + b * st_b + t // BS, mask=tmask, other=0).to(tl.int64)
-                row_off = blk * sc_blk + (t % BS) * sc_tok + kvh * sc_h  # (BLOCK_N,)
-                kv_off = row_off[:, None] + d[None, :]  # (BLOCK_N, BLOCK_D)
+                kv_off = (blk * sc_blk + (t % BS) * sc_tok + kvh * sc_h)[:, None] + d[None, :]  # (BLOCK_N, BLOCK_D)
                 kvmask = tmask[:, None] & dmask[None, :]
-                if ROPE:
-                    hm = tmask[:, None] & hmask[None, :]
-                    k1 = tl.load(kc_ptr + row_off[:, None] + h[None, :], mask=hm, other=0.0)  # (BLOCK_N, BLOCK_HALF)
-                    k2 = tl.load(kc_ptr + row_off[:, None] + HALF + h[None, :], mask=hm, other=0.0)
-                else:
-                    k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
+                k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
                 v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
                 if DOT_F32:
+                    k = k.to(tl.float32)
                     v = v.to(tl.float32)
-                if ROPE:
-                    if DOT_F32:
-                        k1, k2 = k1.to(tl.float32), k2.to(tl.float32)
-                    scores = tl.dot(q1, tl.trans(k1), input_precision=PRECISION)
-                    scores += tl.dot(q2, tl.trans(k2), input_precision=PRECISION)
-                    scores = scores * scale_log2  # (BLOCK_G, BLOCK_N)
-                else:
-                    if DOT_F32:
-                        k = k.to(tl.float32)
-                    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_G, BLOCK_N)
+                scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_G, BLOCK_N)
                 scores = tl.where(tmask[None, :], scores, float("-inf"))
                 m_new = tl.maximum(m, tl.max(scores, axis=1))
                 alpha = tl.exp2(m - m_new)
@@ -214,29 +145,6 @@ if triton is not None:
         tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=d < HD)
 
 
-@dataclass(frozen=True, slots=True)
-class NewTokens:
-    """The step's new keys and values, for ``paged_decode_attention`` to rotate and write itself.
-
-    What ``kernels.rope_kv.rope_write_kv`` would do before the attention: each sequence's new token
-    sits at position ``seq_lens - 1``; its key is rotated with q's rotation and stored with its value
-    at ``slots`` (a negative slot writes nothing).
-    """
-
-    k: torch.Tensor
-    """``(B, nkv, hd)`` new keys, unrotated."""
-    v: torch.Tensor
-    """``(B, nkv, hd)`` new values."""
-    positions: torch.Tensor
-    """``(B,)`` int positions (``seq_lens - 1``)."""
-    cos: torch.Tensor
-    """``(P, >= hd/2)`` fp32 cos table (``rope_write_kv``'s layout)."""
-    sin: torch.Tensor
-    """Same layout as ``cos``."""
-    slots: torch.Tensor
-    """``(B,)`` int flat cache slots."""
-
-
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -246,7 +154,6 @@ def paged_decode_attention(
     scale: float,
     splits: int | None = None,
     block_n: int | None = None,
-    new: NewTokens | None = None,
 ) -> torch.Tensor:
     """``(B, nh, hd)`` attention of one query per sequence over its paged context.
 
@@ -265,11 +172,6 @@ def paged_decode_attention(
             programs per multiprocessor, at most ``MAX_SPLITS`` and no more than the table's
             capacity has tiles.
         block_n: context tokens per loop step; default 64 on the GPU, 16 in the interpreter.
-        new: the new tokens' keys and values: q arrives unrotated and is rotated in the kernel
-            (``q`` itself is left as it is), and the keys and values are written into the caches
-            first, by the programs that attend over the context's last partition (one launch
-            fewer than ``rope_write_kv`` then this). Needs ``hd >= 32``; otherwise, and where no
-            kernel runs, it is done as those two calls.
 
     Returns:
         ``(B, nh, hd)`` in q's dtype.
@@ -289,25 +191,6 @@ def paged_decode_attention(
     check_dtype("block_tables", block_tables, torch.int32, torch.int64)
     check_dtype("seq_lens", seq_lens, torch.int32, torch.int64)
     check_dtype("q", q, torch.float32, torch.float16, torch.bfloat16)
-    if new is not None:
-        check(
-            new.k.shape == (B, nkv, hd) and new.v.shape == new.k.shape,
-            f"new keys and values must be ({B}, {nkv}, {hd})",
-        )
-        check(new.positions.shape == (B,) and new.slots.shape == (B,), f"positions and slots must be ({B},)")
-        if hd < 32 or not can_launch(q, k_cache, new.k, new.v, new.positions, new.cos, new.slots):
-            q = q.clone()
-            rope_write_kv(q, new.k, new.v, new.positions, new.cos, new.sin, k_cache, v_cache, new.slots)
-            new = None
-        else:
-            check_dtype("cos", new.cos, torch.float32)
-            check_dtype("sin", new.sin, torch.float32)
-            check(
-                new.cos.stride() == new.sin.stride() and new.cos.shape[1] >= hd // 2,
-                "cos/sin must be (P, >= hd/2), alike",
-            )
-            for name, t in (("new.k", new.k), ("new.v", new.v), ("cos", new.cos), ("sin", new.sin)):
-                check_last_contiguous(name, t)
     if not can_launch(q, k_cache, v_cache, block_tables, seq_lens):
         return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
     check_last_contiguous("q", q)
@@ -334,16 +217,12 @@ def paged_decode_attention(
         seq_lens,
         part_out,
         part_lse,
-        *(new.k, new.v, new.positions, new.cos, new.sin, new.slots) if new is not None else (q,) * 6,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
         block_tables.stride(0),
-        *(new.k.stride(0), new.k.stride(1), new.v.stride(0), new.v.stride(1), new.cos.stride(0))
-        if new is not None
-        else (0,) * 5,
         scale * math.log2(math.e),
         S,
         G=G,
@@ -354,8 +233,6 @@ def paged_decode_attention(
         BLOCK_N=BLOCK_N,
         DOT_F32=dot_in_fp32() or q.dtype == torch.float32,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        ROPE=new is not None,
-        BLOCK_HALF=next_pow2(hd // 2),
         num_warps=4,
         **pdl_args(q),
     )

@@ -19,37 +19,14 @@ launchers fall back to those where no kernel can run. Launch configs live in
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 
 from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, tl, triton
-from kernels._matmul_launch import (
-    _COUNTERS,
-    GEMV_MAX_ROWS,
-    Config,
-    Kind,
-    ResidualNorm,
-    config_for,
-    launch,
-    set_config,
-    then_norm,
-)
+from kernels._matmul_launch import _COUNTERS, GEMV_MAX_ROWS, Config, Kind, config_for, launch, set_config
 from kernels.activation import silu_and_mul
 
-__all__ = [
-    "GEMV_MAX_ROWS",
-    "_COUNTERS",
-    "Config",
-    "Kind",
-    "ResidualNorm",
-    "int4_matmul",
-    "int4_matmul_norm",
-    "int8_matmul",
-    "int8_matmul_norm",
-    "set_config",
-]
+__all__ = ["GEMV_MAX_ROWS", "_COUNTERS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
 
 if triton is not None:
     from kernels._common import pdl_enter
@@ -131,12 +108,6 @@ if triton is not None:
         sw_n,  # row stride of w
         ss_n,  # row stride of per-group scales (unused when G == 0)
         so_m,  # row stride of out
-        res_ptr,  # NORM: (M, N) residual in
-        nw_ptr,  # NORM: (N,) norm weight
-        h_ptr,  # NORM: (M, N) out + residual
-        y_ptr,  # NORM: (M, N) the normed row
-        rcnt_ptr,  # NORM: per-row arrival counters, zero between launches
-        eps,  # NORM: variance epsilon
         G: tl.constexpr,  # columns per scale; 0: one scale per row
         GEMV: tl.constexpr,  # FMA path (one row of x per program) instead of tl.dot
         GATED: tl.constexpr,  # x is [gate | up]: multiply silu(gate) * up
@@ -145,8 +116,6 @@ if triton is not None:
         BLOCK_K: tl.constexpr,  # K per loop step: with G, GEMV a multiple of G, tiled a divisor of G
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
         ASM: tl.constexpr = False,  # GEMV: convert the weight bytes with inline PTX (compiled kernels only)
-        NORM: tl.constexpr = False,  # GEMV: finish with the residual RMSNorm (kernels._matmul_launch.ResidualNorm)
-        BLOCK_C: tl.constexpr = 1,  # NORM: power of two >= N
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         # GEMV: one row per program, adjacent programs on the same weight tile (shared through L2)
@@ -195,28 +164,7 @@ if triton is not None:
         if G == 0:
             s = tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
             acc = acc * s[None, :]
-        _store_tile(
-            acc,
-            rm,
-            rn,
-            mmask,
-            nmask,
-            out_ptr,
-            so_m,
-            part_ptr,
-            M * N,
-            cnt_ptr,
-            N,
-            NSPLIT,
-            res_ptr,
-            nw_ptr,
-            h_ptr,
-            y_ptr,
-            rcnt_ptr,
-            eps,
-            NORM,
-            BLOCK_C,
-        )
+        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
 
     @triton.jit
     def _nibbles_f32(b, ASM: tl.constexpr):
@@ -327,12 +275,6 @@ if triton is not None:
         sw_n,  # row stride of w
         ss_n,  # row stride of scales and zeros
         so_m,  # row stride of out
-        res_ptr,  # NORM: (M, N) residual in
-        nw_ptr,  # NORM: (N,) norm weight
-        h_ptr,  # NORM: (M, N) out + residual
-        y_ptr,  # NORM: (M, N) the normed row
-        rcnt_ptr,  # NORM: per-row arrival counters, zero between launches
-        eps,  # NORM: variance epsilon
         G: tl.constexpr,  # group size (columns per scale)
         GEMV: tl.constexpr,  # FMA path (one row of x per program) instead of tl.dot
         GATED: tl.constexpr,  # x is [gate | up]: multiply silu(gate) * up
@@ -342,10 +284,9 @@ if triton is not None:
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
         EXACT: tl.constexpr = False,  # GEMV: fp32 activations, keep every bit of sum(q x)
         ASM: tl.constexpr = False,  # GEMV: unpack the nibbles with inline PTX (compiled kernels only)
-        NORM: tl.constexpr = False,  # GEMV: finish with the residual RMSNorm (kernels._matmul_launch.ResidualNorm)
-        BLOCK_C: tl.constexpr = 1,  # NORM: power of two >= N
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
+        pdl_enter(PDL)
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         ks = tl.program_id(2)
@@ -360,24 +301,21 @@ if triton is not None:
             # NOTE(gguf_native): f x carries q in its low bits, which costs log2(c) bits (~1e-4 relative
             # at c = 2048): nothing against bf16, but fp32 activations (EXACT) take f - 1 = q / c
             # exactly first, one more FP op, and then c s sum((f - 1) x) + (z - 8 s) sum(x).
+            # NOTE(h7): no weight load before the PDL wait here, unlike the dense and int8 GEMVs: on the
+            # H100 (8B shapes, batch 1, best config each) it took qkv 10.2 -> 9.2 us and o 7.5 -> 7.1,
+            # but gate_up 27.0 -> 30.0, down 19.7 -> 20.6 and the LM head 104.8 -> 120.2. The peeled
+            # first step doubled the registers (16 x 512 bytes, 2 warps: 127 -> 254 a thread, ptxas),
+            # which halves the programs a multiprocessor holds (tests/kernels/sm90_build.py reports them).
             NG: tl.constexpr = BLOCK_K // G  # groups per step and half
-            w_ptrs = w_ptr + rn[:, None] * sw_n
-            k_lo = ks * K_SPLIT
-            rk = k_lo + tl.arange(0, BLOCK_K)
-            b = tl.load(
-                w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0
-            )  # before the wait: see _dense_gemv_kernel
-            pdl_enter(PDL)
             acc2 = tl.zeros((BLOCK_N, NG), tl.float32)
-            x_row = x_ptr + rm * sx_m
-            acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
-            for k0 in range(k_lo + BLOCK_K, k_lo + K_SPLIT, BLOCK_K):
+            for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
-                b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
-                acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
+                b = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
+                acc2 = _int4_gemv_step(
+                    acc2, b, k0, x_ptr + rm * sx_m, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM
+                )
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
-            pdl_enter(PDL)
             acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
             for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
@@ -406,28 +344,7 @@ if triton is not None:
                 else:
                     acc += tl.dot(x_lo, tl.trans(w_lo.to(x_lo.dtype)))
                     acc += tl.dot(x_hi, tl.trans(w_hi.to(x_hi.dtype)))
-        _store_tile(
-            acc,
-            rm,
-            rn,
-            mmask,
-            nmask,
-            out_ptr,
-            so_m,
-            part_ptr,
-            M * N,
-            cnt_ptr,
-            N,
-            NSPLIT,
-            res_ptr,
-            nw_ptr,
-            h_ptr,
-            y_ptr,
-            rcnt_ptr,
-            eps,
-            NORM,
-            BLOCK_C,
-        )
+        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
 
 
 def _check_x(x: torch.Tensor, k: int, gated: bool) -> None:
@@ -482,32 +399,6 @@ def int8_matmul(
     Raises:
         ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
     """
-    return cast("torch.Tensor", _int8(x, qweight, scales, config, gated, group_size, None))
-
-
-def int8_matmul_norm(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    norm: ResidualNorm,
-    config: Config | None = None,
-    *,
-    gated: bool = False,
-    group_size: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rms_norm_residual(int8_matmul(...), norm.residual, norm.weight, norm.eps)``: the norm inside the GEMV launch where it runs."""
-    return cast("tuple[torch.Tensor, torch.Tensor]", _int8(x, qweight, scales, config, gated, group_size, norm))
-
-
-def _int8(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    config: Config | None,
-    gated: bool,
-    group_size: int,
-    norm: ResidualNorm | None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     check(qweight.dim() == 2, f"qweight must be (N, K), got {tuple(qweight.shape)}")
     n, k = qweight.shape
     _check_x(x, k, gated)
@@ -518,7 +409,7 @@ def _int8(
     check(group_size == 0 or k % group_size == 0, f"K ({k}) must be a multiple of group_size ({group_size})")
     check(scales.shape == want, f"scales must be {want}, got {tuple(scales.shape)}")
     if not can_launch(x, qweight, scales):
-        return then_norm(reference.int8_matmul(reference.silu_and_mul(x) if gated else x, qweight, scales), norm)
+        return reference.int8_matmul(reference.silu_and_mul(x) if gated else x, qweight, scales)
     check_last_contiguous("x", x)
     check_last_contiguous("qweight", qweight)
     check(scales.is_contiguous(), "scales must be contiguous")
@@ -529,7 +420,7 @@ def _int8(
     x, gated = _ungate_if_tiled(x, cfg, gated)
     strides = (x.stride(0), qweight.stride(0), scales.stride(0) if group_size else 0)
     asm = x.is_cuda and not interpreting()
-    return launch(_int8_kernel, x, n, k, cfg, (qweight, scales), strides, gated, norm, G=group_size, ASM=asm)
+    return launch(_int8_kernel, x, n, k, cfg, (qweight, scales), strides, gated, G=group_size, ASM=asm)
 
 
 def int4_matmul(
@@ -551,34 +442,6 @@ def int4_matmul(
     Raises:
         ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
     """
-    return cast("torch.Tensor", _int4(x, packed, scales, zeros, group_size, config, gated, None))
-
-
-def int4_matmul_norm(
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor,
-    group_size: int,
-    norm: ResidualNorm,
-    config: Config | None = None,
-    *,
-    gated: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rms_norm_residual(int4_matmul(...), norm.residual, norm.weight, norm.eps)``: the norm inside the GEMV launch where it runs."""
-    return cast("tuple[torch.Tensor, torch.Tensor]", _int4(x, packed, scales, zeros, group_size, config, gated, norm))
-
-
-def _int4(
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor,
-    group_size: int,
-    config: Config | None,
-    gated: bool,
-    norm: ResidualNorm | None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     check(packed.dim() == 2, f"packed must be (N, K/2), got {tuple(packed.shape)}")
     n, k2 = packed.shape
     k = 2 * k2
@@ -591,8 +454,7 @@ def _int4(
         f"scales and zeros must be ({n}, {k // group_size})",
     )
     if not can_launch(x, packed, scales, zeros):
-        ref = reference.int4_matmul(reference.silu_and_mul(x) if gated else x, packed, scales, zeros, group_size)
-        return then_norm(ref, norm)
+        return reference.int4_matmul(reference.silu_and_mul(x) if gated else x, packed, scales, zeros, group_size)
     check_last_contiguous("x", x)
     check(
         packed.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous(),
@@ -605,5 +467,5 @@ def _int4(
     exact = x.dtype == torch.float32
     asm = x.is_cuda and not interpreting()
     return launch(
-        _int4_kernel, x, n, k2, cfg, (packed, scales, zeros), strides, gated, norm, G=group_size, EXACT=exact, ASM=asm
+        _int4_kernel, x, n, k2, cfg, (packed, scales, zeros), strides, gated, G=group_size, EXACT=exact, ASM=asm
     )

@@ -42,20 +42,11 @@ if triton is not None:
             # round the sum to the activation dtype first, as a torch add in that dtype does
             x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
             tl.store(h_ptr + row * stride_h + cols, x, mask=mask)
-        tl.store(
-            out_ptr + row * stride_out + cols,
-            normed_row(x, w_ptr, cols, mask, C, eps).to(out_ptr.dtype.element_ty),
-            mask=mask,
-        )
-
-    @triton.jit
-    def normed_row(x, w_ptr, cols, mask, C, eps):
-        """``weight * rmsnorm(x)`` in fp32 over one whole row, rounded as the torch path rounds (to x's dtype before the weight)."""
         xf = x.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / C + eps)
         normed = (xf * rstd).to(x.dtype).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        return w * normed
+        tl.store(out_ptr + row * stride_out + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rms_norm_residual(

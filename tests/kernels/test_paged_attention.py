@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.paged_attention import NewTokens, paged_decode_attention
-from kernels.rope_kv import rope_write_kv
+from kernels.paged_attention import paged_decode_attention
 from tests.kernels.conftest import ON_GPU
 
 
@@ -85,57 +84,3 @@ def test_paged_decode_attention_rejects_heads_not_multiple_of_kv_heads(device):
     q, kc, vc, tables, sl = _case(device, torch.float32, 2, 2, 16, 4, [5], num_blocks=8)
     with pytest.raises(ValueError, match="multiple of KV heads"):
         paged_decode_attention(q[:, :3], kc, vc, tables, sl, 0.25)
-
-
-def _new_tokens(device, dtype, q, kc, tables, lens, bs, padding_rows=()):
-    """The step's new keys and values at position ``len - 1`` of each row, with their slots and rotary tables."""
-    b, nkv, hd = q.shape[0], kc.shape[2], kc.shape[3]
-    pos = (lens.long() - 1).clamp(min=0)
-    slots = tables.long().gather(1, (pos // bs).unsqueeze(1)).squeeze(1) * bs + pos % bs
-    slots[list(padding_rows)] = -1
-    inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-    ang = torch.outer(torch.arange(8192, dtype=torch.float32), inv)  # (P, hd/2)
-    return NewTokens(
-        k=torch.randn(b, nkv, hd, dtype=dtype, device=device),
-        v=torch.randn(b, nkv, hd, dtype=dtype, device=device),
-        positions=pos.to(device),
-        cos=ang.cos().to(device),
-        sin=ang.sin().to(device),
-        slots=slots.to(device),
-    )
-
-
-@pytest.mark.parametrize(("group", "hd"), [(1, 32), (3, 64), (4, 80), (8, 128)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_decode_attention_with_new_tokens_equals_rope_write_then_attention(device, group, hd, dtype):
-    """Rotary and the KV write inside the split kernel: the caches come out bit-equal to
-    ``rope_write_kv``'s, the output matches its attention, and q is left unrotated; the new token
-    lands at a partition's first, middle and last position and in a padding row nothing is written."""
-    if ON_GPU:
-        nkv, bs, lens, splits = 8 // max(1, group // 4), 16, [0, 1, 16, 17, 513, 1000, 4099], 16
-    else:
-        nkv, bs, lens, splits = 2, 4, [0, 1, 16, 17, 24, 37], 3
-    q, kc, vc, tables, sl = _case(device, dtype, nkv, group, hd, bs, lens, num_blocks=2048 if ON_GPU else 128)
-    new = _new_tokens(device, dtype, q, kc, tables, sl, bs, padding_rows=[0])
-    q_in, kc2, vc2 = q.clone(), kc.clone(), vc.clone()
-    out = paged_decode_attention(q, kc, vc, tables, sl, hd**-0.5, splits=splits, new=new)
-    q_rot = q.clone()
-    rope_write_kv(q_rot, new.k, new.v, new.positions, new.cos, new.sin, kc2, vc2, new.slots)
-    want = paged_decode_attention(q_rot, kc2, vc2, tables, sl, hd**-0.5, splits=splits)
-    assert torch.equal(q, q_in)
-    assert torch.equal(kc, kc2)
-    assert torch.equal(vc, vc2)
-    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
-    torch.testing.assert_close(out, want, **tol)
-    assert torch.equal(out[0].cpu(), torch.zeros_like(out[0].cpu()))
-
-
-def test_decode_attention_with_new_tokens_falls_back_below_head_dim_32(device):
-    """Head dim 16 has 8-wide halves, too narrow for the kernel's half-width dots: rope_write_kv runs first instead."""
-    q, kc, vc, tables, sl = _case(device, torch.float32, 2, 2, 16, 4, [5, 9], num_blocks=16)
-    new = _new_tokens(device, torch.float32, q, kc, tables, sl, 4)
-    kc2, vc2, q_rot = kc.clone(), vc.clone(), q.clone()
-    out = paged_decode_attention(q, kc, vc, tables, sl, 0.25, splits=4, new=new)
-    rope_write_kv(q_rot, new.k, new.v, new.positions, new.cos, new.sin, kc2, vc2, new.slots)
-    torch.testing.assert_close(out, paged_decode_attention(q_rot, kc2, vc2, tables, sl, 0.25, splits=4))
-    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)

@@ -1,0 +1,190 @@
+"""Compile every Triton kernel for the H100 (sm_90) on a host with no GPU: ``python -m tests.kernels.sm90_build``.
+
+The CPU tests run the kernels under Triton's interpreter, which accepts code the compiler rejects
+(an early ``return`` before constexpr-dead code, for one, once cost a GPU session). This builds
+each kernel to a cubin, with the constexpr variants its launcher uses, through Triton's own
+compiler and bundled ptxas; no driver is needed. Pointers and integer arguments are marked
+16-divisible, as Triton's launcher specializes them for the models' shapes, so the vectorized
+loads are what gets built. Each case also reports its registers a thread (``ptxas -v``): a GEMV
+that doubled them halved its occupancy once (``kernels.quant_matmul``'s int4 note). Must run
+without ``TRITON_INTERPRET`` (the decorator reads it at import). Prints one line per case and
+exits 1 if any failed or spilled registers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any, NamedTuple
+
+TARGET = ("cuda", 90, 32)
+
+
+def _signature(fn: Any, consts: dict[str, Any], types: dict[str, str]) -> dict[str, str]:
+    """Every argument's type: constexprs as such, ``types`` where given, pointers bf16, other scalars i32."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = types.get(name, "*bf16" if name.endswith("_ptr") else "i32")
+    return sig
+
+
+def _attrs(fn: Any, sig: dict[str, str]) -> dict[tuple[int, ...], list[list[object]]]:
+    """``tt.divisibility`` 16 on every pointer and integer argument (the launcher's usual specialization)."""
+    return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n][0] in "*i"}
+
+
+def _registers(ptx: str) -> tuple[int, int]:
+    """(registers a thread, bytes of spill stores) of one kernel's PTX, from the bundled ptxas."""
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        out = subprocess.run(  # noqa: S603 (Triton's own ptxas)
+            [str(ptxas), f"-arch=sm_{TARGET[1]}a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spills = re.search(r"(\d+) bytes spill stores", out)
+    return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else 0
+
+
+class Case(NamedTuple):
+    """One kernel variant: its constexprs, argument types (beyond ``_signature``'s defaults) and warps."""
+
+    name: str
+    fn: Any
+    consts: dict[str, Any]
+    types: dict[str, str]
+    warps: int = 4
+
+
+def cases() -> list[Case]:
+    """The variants the launchers use, with their default configs' tile sizes and warps."""
+    from kernels import activation, dense_gemv, paged_attention, paged_prefill, quant_matmul, rmsnorm, rope_kv
+
+    mm = {"part_ptr": "*fp32", "cnt_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32"}
+    gemv = {"GEMV": True, "BLOCK_M": 16, "DOT_F32": False, "ASM": True, "PDL": True}
+    tiled = {"GEMV": False, "BLOCK_M": 16, "BLOCK_N": 64, "DOT_F32": False, "ASM": False, "PDL": True}
+    out = []
+    for g in (0, 128):
+        w8 = {**mm, "w_ptr": "*i8"}
+        out.append(
+            Case(
+                f"int8 gemv G={g}",
+                quant_matmul._int8_kernel,
+                {**gemv, "G": g, "GATED": True, "BLOCK_N": 2, "BLOCK_K": 1024},
+                w8,
+                2,
+            )
+        )
+        out.append(
+            Case(f"int8 tiled G={g}", quant_matmul._int8_kernel, {**tiled, "G": g, "GATED": True, "BLOCK_K": 128}, w8)
+        )
+    w4 = {**mm, "w_ptr": "*u8"}
+    for exact in (False, True):
+        c = {**gemv, "G": 128, "GATED": True, "BLOCK_N": 16, "BLOCK_K": 512, "EXACT": exact}
+        out.append(Case(f"int4 gemv exact={exact}", quant_matmul._int4_kernel, c, w4, 2))
+    out.append(
+        Case(
+            "int4 tiled",
+            quant_matmul._int4_kernel,
+            {**tiled, "G": 128, "GATED": True, "BLOCK_K": 64, "EXACT": False},
+            w4,
+        )
+    )
+    for gated in (False, True):
+        c = {**gemv, "GATED": gated, "BLOCK_N": 2, "BLOCK_K": 2048}
+        del c["ASM"]
+        out.append(Case(f"dense gated={gated}", dense_gemv._dense_gemv_kernel, c, mm, 8))
+    attn = {
+        "part_out_ptr": "*fp32",
+        "part_lse_ptr": "*fp32",
+        "table_ptr": "*i32",
+        "lens_ptr": "*i32",
+        "scale_log2": "fp32",
+    }
+    for g, hd in ((4, 128), (3, 64)):
+        c = {
+            "G": g,
+            "HD": hd,
+            "BS": 16,
+            "BLOCK_G": 16,
+            "BLOCK_D": hd,
+            "BLOCK_N": 64,
+            "DOT_F32": False,
+            "PRECISION": "tf32",
+            "PDL": True,
+        }
+        out.append(Case(f"decode split G={g} hd={hd}", paged_attention._decode_split_kernel, c, attn))
+    c = {"NH": 32, "HD": 128, "BLOCK_S": 32, "BLOCK_D": 128, "PDL": True}
+    out.append(Case("decode reduce", paged_attention._decode_reduce_kernel, c, attn))
+    pre = {**attn, "qstart_ptr": "*i32", "qlen_ptr": "*i32", "slen_ptr": "*i32"}
+    for split in (False, True):
+        c = {
+            "G": 4,
+            "HD": 128,
+            "BS": 16,
+            "SPLIT": split,
+            "BLOCK_M": 64,
+            "BLOCK_Q": 16,
+            "BLOCK_N": 64,
+            "DOT_F32": False,
+            "PRECISION": "tf32",
+            "PDL": True,
+        }
+        out.append(Case(f"prefill split={split}", paged_prefill._prefill_kernel, c, pre))
+    out.append(
+        Case(
+            "prefill merge", paged_prefill._prefill_merge_kernel, {"NH": 32, "HD": 128, "BLOCK_H": 32, "PDL": True}, pre
+        )
+    )
+    for res in (False, True):
+        c = {"HAS_RESIDUAL": res, "BLOCK_C": 4096, "PDL": True}
+        out.append(
+            Case(f"rmsnorm residual={res}", rmsnorm._rms_norm_residual_kernel, c, {"w_ptr": "*fp32", "eps": "fp32"}, 16)
+        )
+    c = {"NH": 32, "NKV": 8, "HALF": 64, "BLOCK_H": 32, "BLOCK_D": 64, "PDL": True}
+    rope = {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64"}
+    out.append(Case("rope + kv write", rope_kv._rope_write_kv_kernel, c, rope))
+    out.append(Case("silu and mul", activation._silu_and_mul_kernel, {"BLOCK": 1024, "PDL": True}, {}))
+    return out
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print("sm90_build: unset TRITON_INTERPRET (kernels built for the interpreter cannot be compiled)")
+        return 2
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    failed = 0
+    for name, fn, consts, types, warps in cases():
+        try:
+            sig = _signature(fn, consts, types)
+            src = ASTSource(fn, signature=sig, constexprs=consts, attrs=_attrs(fn, sig))
+            kernel = triton.compile(src, target=GPUTarget(*TARGET), options={"num_warps": warps})
+            regs, spills = _registers(kernel.asm["ptx"])
+            ok = bool(kernel.asm.get("cubin")) and spills == 0
+            print(f"{'ok' if ok else 'FAILED'}: {name} ({regs} registers, {spills} bytes spilled)")
+            failed += not ok
+        except Exception:  # noqa: BLE001 (report every case, then fail)
+            print(f"FAILED: {name}\n{traceback.format_exc(limit=3)}")
+            failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
