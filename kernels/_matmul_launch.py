@@ -37,6 +37,9 @@ class Config:
     """Warps per program."""
     block_m: int = 16
     """Rows per program on the tiled path."""
+    prefetch: bool = False
+    """GEMV path: load the first weight tile before the PDL wait (the weight is no earlier kernel's
+    output, so the load overlaps the previous kernel's tail)."""
 
 
 _CONFIGS: dict[tuple[str, int, int, int], Config] = {}
@@ -66,7 +69,7 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
     if pinned is not None:
         return pinned
     interp = device.type == "cpu"
-    warps = 4
+    warps, prefetch = 4, False
     if m <= GEMV_MAX_ROWS or kind == "dense":
         if interp:
             bn, bk = 16, 32
@@ -75,16 +78,17 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
             # K steps over 8 warps won the bench's tuning for qkv, o, gate_up and the LM head (17.7,
             # 12.4, 75.2, 335 us: 2.7-3.1 TB/s); the configs tuned before (4 x 1,024 and 32 x 512 over
             # 4 warps) took 20.9, 13.9, 80.6 and 415 us in a probe on a machine of the same kind
-            bn, bk, warps = 2, 2048, 8
+            bn, bk, warps, prefetch = 2, 2048, 8, True
         elif kind == "dense":
             # NOTE(h7): tuned on the H100 over SmolLM2's shapes at batch 1 (K 576 and 1536): narrow
             # tiles and one long K step, 1.8-3.9 us a layer against 3.4-7.1 us for cuBLAS (and 5-14 us
             # for the quantized kernels' 32 x 128 default); more programs, each with one load in flight
             bn, bk = (8 if n <= 4096 and k <= 1024 else 4), (1024 if k <= 1024 else 512)
+            prefetch = True
         elif kind in ("int8", "int8g"):
             # NOTE(h7): the byte-permute GEMV over the 8B shapes: 2 rows x 1,024 columns over 2 warps
             # was the fastest for o and gate_up and within 4 % of the fastest for qkv and the LM head
-            bn, bk, warps = 2, 1024, 2
+            bn, bk, warps, prefetch = 2, 1024, 2, True
         elif k_iter_cols >= 1024:
             # NOTE(h7): the int4 GEMV over the 8B shapes (PTX nibble unpack): 16 rows x 512 bytes over
             # 2 warps was the fastest for gate_up and the LM head, within 3-17 % elsewhere but down
@@ -106,7 +110,10 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
     split, sms = 1, num_sms(device)
     while tiles * split < 4 * sms and k_iter_cols // (bk * split * 2) >= 4:
         split *= 2
-    return Config(path, bn, bk, split, num_warps=warps)
+    # NOTE(h7): the first weight tile before the PDL wait took 0.6-2.6 us off each dense and int8
+    # GEMV of the 8B shapes on the H100; the int4 GEMV's larger shapes lost up to 15 us to it (its
+    # registers doubled), so int4 leaves it to tuning
+    return Config(path, bn, bk, split, num_warps=warps, prefetch=prefetch and path == "gemv")
 
 
 if triton is not None:
@@ -215,6 +222,7 @@ def launch(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         DOT_F32=dot_in_fp32() or x.dtype == torch.float32,
+        PREFETCH=cfg.prefetch and gemv,
         num_warps=cfg.num_warps,
         **pdl_args(x),
     )

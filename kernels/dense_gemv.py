@@ -62,6 +62,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr,  # output columns per program
         BLOCK_K: tl.constexpr,  # K per loop step
         DOT_F32: tl.constexpr,  # unused (no tl.dot)
+        PREFETCH: tl.constexpr = False,  # load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32)
@@ -69,14 +70,20 @@ if triton is not None:
         k_lo = tl.program_id(2) * K_SPLIT
         nmask = rn < N
         w_ptrs = w_ptr + rn[:, None] * sw_n
-        rk = k_lo + tl.arange(0, BLOCK_K)
-        # NOTE(h7): no earlier kernel writes the weight, so its first tile loads before the PDL wait and
-        # is in flight while that kernel finishes (kernels._common.pdl_enter)
-        w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
-        pdl_enter(PDL)
         # per-column partial sums, reduced once after the loop: the same order for every row and batch
-        acc2 = _dense_step(tl.zeros((BLOCK_N, BLOCK_K), tl.float32), w, x_ptr + rm * sx_m, rk, K, GATED)
-        for k0 in range(k_lo + BLOCK_K, k_lo + K_SPLIT, BLOCK_K):
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        if PREFETCH:
+            # NOTE(h7): no earlier kernel writes the weight, so its first tile may load before the PDL
+            # wait and be in flight while that kernel finishes (kernels._common.pdl_enter)
+            rk = k_lo + tl.arange(0, BLOCK_K)
+            w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
+        pdl_enter(PDL)
+        if PREFETCH:
+            acc2 = _dense_step(acc2, w, x_ptr + rm * sx_m, rk, K, GATED)
+        # NOTE(h7): a constexpr offset, not a value out of an if / else: such a loop bound doubled the
+        # int4 GEMV's registers even without the prefetch (127 -> 255, twice the weight loads in its PTX)
+        k_first = k_lo + BLOCK_K * PREFETCH
+        for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
             acc2 = _dense_step(acc2, w, x_ptr + rm * sx_m, rk, K, GATED)

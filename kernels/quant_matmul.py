@@ -116,6 +116,7 @@ if triton is not None:
         BLOCK_K: tl.constexpr,  # K per loop step: with G, GEMV a multiple of G, tiled a divisor of G
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
         ASM: tl.constexpr = False,  # GEMV: convert the weight bytes with inline PTX (compiled kernels only)
+        PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         # GEMV: one row per program, adjacent programs on the same weight tile (shared through L2)
@@ -130,14 +131,15 @@ if triton is not None:
             NG: tl.constexpr = BLOCK_K // G if G > 0 else 1  # groups per step
             w_ptrs = w_ptr + rn[:, None] * sw_n
             k_lo = ks * K_SPLIT
-            rk = k_lo + tl.arange(0, BLOCK_K)
-            w = tl.load(
-                w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0
-            )  # before the wait: see _dense_gemv_kernel
-            pdl_enter(PDL)
             acc2 = tl.zeros((BLOCK_N, BLOCK_K if G == 0 else NG), tl.float32)
-            acc2 = _int8_gemv_step(acc2, w, k_lo, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
-            for k0 in range(k_lo + BLOCK_K, k_lo + K_SPLIT, BLOCK_K):
+            if PREFETCH:  # see _dense_gemv_kernel
+                rk = k_lo + tl.arange(0, BLOCK_K)
+                w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
+            pdl_enter(PDL)
+            if PREFETCH:
+                acc2 = _int8_gemv_step(acc2, w, k_lo, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
+            k_first = k_lo + BLOCK_K * PREFETCH
+            for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
                 w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
                 acc2 = _int8_gemv_step(acc2, w, k0, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
@@ -284,9 +286,9 @@ if triton is not None:
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
         EXACT: tl.constexpr = False,  # GEMV: fp32 activations, keep every bit of sum(q x)
         ASM: tl.constexpr = False,  # GEMV: unpack the nibbles with inline PTX (compiled kernels only)
+        PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        pdl_enter(PDL)
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         ks = tl.program_id(2)
@@ -301,21 +303,28 @@ if triton is not None:
             # NOTE(gguf_native): f x carries q in its low bits, which costs log2(c) bits (~1e-4 relative
             # at c = 2048): nothing against bf16, but fp32 activations (EXACT) take f - 1 = q / c
             # exactly first, one more FP op, and then c s sum((f - 1) x) + (z - 8 s) sum(x).
-            # NOTE(h7): no weight load before the PDL wait here, unlike the dense and int8 GEMVs: on the
-            # H100 (8B shapes, batch 1, best config each) it took qkv 10.2 -> 9.2 us and o 7.5 -> 7.1,
-            # but gate_up 27.0 -> 30.0, down 19.7 -> 20.6 and the LM head 104.8 -> 120.2. The peeled
-            # first step doubled the registers (16 x 512 bytes, 2 warps: 127 -> 254 a thread, ptxas),
-            # which halves the programs a multiprocessor holds (tests/kernels/sm90_build.py reports them).
+            # NOTE(h7): PREFETCH peels the first step, which doubled this kernel's registers (16 x 512
+            # bytes, 2 warps: 127 -> 254 a thread, ptxas): on the H100's 8B shapes qkv 10.2 -> 9.2 us and
+            # o 7.5 -> 7.1, but gate_up 27.0 -> 30.0, down 19.7 -> 20.6, LM head 104.8 -> 120.2
             NG: tl.constexpr = BLOCK_K // G  # groups per step and half
+            w_ptrs = w_ptr + rn[:, None] * sw_n
+            x_row = x_ptr + rm * sx_m
+            k_lo = ks * K_SPLIT
             acc2 = tl.zeros((BLOCK_N, NG), tl.float32)
-            for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
+            if PREFETCH:  # see _dense_gemv_kernel
+                rk = k_lo + tl.arange(0, BLOCK_K)
+                b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
+            pdl_enter(PDL)
+            if PREFETCH:
+                acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
+            k_first = k_lo + BLOCK_K * PREFETCH
+            for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
-                b = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
-                acc2 = _int4_gemv_step(
-                    acc2, b, k0, x_ptr + rm * sx_m, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM
-                )
+                b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
+                acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
+            pdl_enter(PDL)
             acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
             for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)

@@ -23,14 +23,14 @@ INT4_SHAPES = (
 )
 CPU_CONFIGS = [
     None,
-    Config("gemv", block_n=16, block_k=32, split_k=2),
+    Config("gemv", block_n=16, block_k=32, split_k=2, prefetch=True),
     Config("gemv", block_n=16, block_k=16, split_k=1),
     Config("tiled", block_n=16, block_k=16, split_k=1, block_m=16),
     Config("tiled", block_n=16, block_k=16, split_k=3, block_m=16),
 ]
 GPU_CONFIGS = [
     None,
-    Config("gemv", 32, 256, 4),
+    Config("gemv", 32, 256, 4, prefetch=True),
     Config("gemv", 32, 64, 2),
     Config("tiled", 64, 32, 1),
     Config("tiled", 64, 32, 4),
@@ -115,7 +115,7 @@ def test_int8_matmul_rejects_float_weight(device):
 GATED_CONFIGS = (
     [None, Config("gemv", 32, 256, 4), Config("tiled", 64, 32, 2)]
     if ON_GPU
-    else [Config("gemv", 16, 32, 2), Config("tiled", 16, 16, 2, block_m=16)]
+    else [Config("gemv", 16, 32, 2, prefetch=True), Config("tiled", 16, 16, 2, block_m=16)]
 )
 
 
@@ -189,3 +189,19 @@ def test_tiled_split_past_k_reads_no_scale_beyond_the_tensors(device, kind):
         out = int8_matmul(x.to(device), qweight.to(device), _nan_after(groups.to(device)), config=cfg, group_size=group)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_gemv_gives_the_same_bits_with_the_first_weight_tile_loaded_before_the_wait(device, fmt):
+    """``Config.prefetch`` moves a load, not arithmetic: outputs bit-equal, over split-K and a ragged last step."""
+    m, n, k = (3, 1027, 4096 + 256) if ON_GPU else (3, 17, 192)
+    w = torch.randn(n, k)
+    x = torch.randn(m, k, dtype=torch.bfloat16 if ON_GPU else torch.float32, device=device)
+    if fmt == "int8":
+        qw, s = (t.to(device) for t in reference.quantize_int8(w))
+        run = lambda cfg: int8_matmul(x, qw, s, cfg)  # noqa: E731
+    else:
+        packed, sc, z = (t.to(device) for t in reference.quantize_int4(w, 32))
+        run = lambda cfg: int4_matmul(x, packed, sc, z, 32, cfg)  # noqa: E731
+    bk, split = (256, 4) if ON_GPU else (32, 2)
+    assert torch.equal(run(Config("gemv", 16, bk, split, prefetch=True)), run(Config("gemv", 16, bk, split)))
