@@ -85,6 +85,16 @@ def num_sms(device: torch.device) -> int:
     return 8
 
 
+MAX_SPLITS = 32
+"""Most programs that share one split-KV reduction (decode and prefill attention)."""
+
+
+def split_count(programs: int, device: torch.device) -> int:
+    """Splits that bring ``programs`` up to two per multiprocessor: between 1 and ``MAX_SPLITS``."""
+    want = -(-2 * num_sms(device) // max(1, programs))
+    return max(1, min(MAX_SPLITS, want))
+
+
 _PDL = {"enabled": True}
 
 

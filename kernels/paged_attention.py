@@ -26,13 +26,11 @@ from kernels._common import (
     check_last_contiguous,
     dot_in_fp32,
     next_pow2,
-    num_sms,
     pdl_args,
+    split_count,
     tl,
     triton,
 )
-
-MAX_SPLITS = 32
 
 if triton is not None:
     from kernels._common import pdl_enter
@@ -169,8 +167,8 @@ def paged_decode_attention(
         scale: softmax scale.
         splits: split-KV partitions per sequence and KV head; each takes an equal run of whole
             loop tiles of its sequence's context (sized on the device). By default enough for two
-            programs per multiprocessor, at most ``MAX_SPLITS`` and no more than the table's
-            capacity has tiles.
+            programs per multiprocessor (``kernels._common.split_count``) and no more than the
+            table's capacity has tiles.
         block_n: context tokens per loop step; default 64 on the GPU, 16 in the interpreter.
 
     Returns:
@@ -200,8 +198,7 @@ def paged_decode_attention(
     BLOCK_N = block_n if block_n is not None else (16 if q.device.type == "cpu" else 64)
     max_ctx = block_tables.shape[1] * bs
     if splits is None:
-        want = -(-2 * num_sms(q.device) // max(1, B * nkv))
-        splits = min(want, MAX_SPLITS, -(-max_ctx // BLOCK_N))
+        splits = min(split_count(B * nkv, q.device), -(-max_ctx // BLOCK_N))
     S = max(1, splits)
     part_out = torch.empty((B, nh, S, hd), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((B, nh, S), dtype=torch.float32, device=q.device)

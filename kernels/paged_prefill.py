@@ -44,8 +44,8 @@ from kernels._common import (
     check_last_contiguous,
     dot_in_fp32,
     next_pow2,
-    num_sms,
     pdl_args,
+    split_count,
     tl,
     triton,
 )
@@ -447,7 +447,6 @@ def paged_prefill_attention(
     return out
 
 
-MAX_SPLITS = 32
 MAX_PARTIAL_BYTES = 64 << 20
 """The default split count keeps the fp32 partial outputs under this."""
 
@@ -459,7 +458,6 @@ def default_splits(num_kv_heads: int, query_tiles: int, device: torch.device) ->
     graphs size the grid for 8 slots that are mostly idle, and a chunk or a prefix hit's tail
     behind a long context is one sequence whose few tiles would each walk the whole context (a
     16-token tail over 4k cached tokens: one program per KV head). A long prompt has tiles enough
-    and gets no split. Bounded by ``MAX_SPLITS``.
+    and gets no split. Bounded by ``kernels._common.MAX_SPLITS``.
     """
-    want = -(-2 * num_sms(device) // max(1, num_kv_heads * query_tiles))
-    return max(1, min(MAX_SPLITS, want))
+    return split_count(num_kv_heads * query_tiles, device)

@@ -229,8 +229,15 @@ if triton is not None:
     ):
         """One K step of the int4 GEMV at byte ``k0``: ``b`` is its ``(BLOCK_N, BLOCK_K)`` packed tile.
 
-        ``acc2`` is ``(BLOCK_N, BLOCK_K / G)`` group sums, both halves' (see the kernel's note for the
-        arithmetic).
+        ``acc2`` is ``(BLOCK_N, BLOCK_K / G)`` group sums, both halves'.
+
+        NOTE(h7): no int -> float conversion (a quarter of the FP32 rate on Hopper; two a byte capped
+        this loop at ~1.9 TB/s). The nibbles go into the mantissa of 1.0 (``_nibbles_f32``):
+        f = 1 + q / c exactly (c = 2048 low, 128 high). Per group, sum((q - 8) s x + z x) =
+        c s sum(f x) + (z - (c + 8) s) sum(x).
+        NOTE(gguf_native): f x carries q in its low bits, which costs log2(c) bits (~1e-4 relative at
+        c = 2048): nothing against bf16, but fp32 activations (EXACT) take f - 1 = q / c exactly first,
+        one more FP op, and then c s sum((f - 1) x) + (z - 8 s) sum(x).
         """
         BLOCK_N: tl.constexpr = b.shape[0]
         BLOCK_K: tl.constexpr = b.shape[1]
@@ -296,13 +303,6 @@ if triton is not None:
         mmask = rm < M
         HI_GROUPS = K2 // G  # group index offset of the high half
         if GEMV:
-            # NOTE(h7): no int -> float conversion (a quarter of the FP32 rate on Hopper; two a byte
-            # capped this loop at ~1.9 TB/s). After one shift the low nibble sits in mantissa bits
-            # 12-15 and the high one in 16-19: or-ed into 1.0 they give f = 1 + q / c exactly (c = 2048,
-            # 128). Per group, sum((q - 8) s x + z x) = c s sum(f x) + (z - (c + 8) s) sum(x).
-            # NOTE(gguf_native): f x carries q in its low bits, which costs log2(c) bits (~1e-4 relative
-            # at c = 2048): nothing against bf16, but fp32 activations (EXACT) take f - 1 = q / c
-            # exactly first, one more FP op, and then c s sum((f - 1) x) + (z - 8 s) sum(x).
             # NOTE(h7): PREFETCH peels the first step, which doubled this kernel's registers (16 x 512
             # bytes, 2 warps: 127 -> 254 a thread, ptxas): on the H100's 8B shapes qkv 10.2 -> 9.2 us and
             # o 7.5 -> 7.1, but gate_up 27.0 -> 30.0, down 19.7 -> 20.6, LM head 104.8 -> 120.2

@@ -91,8 +91,8 @@ def test_paged_prefill_key_splits_match_reference(device, splits):
 
 def test_paged_prefill_default_splits_spread_a_short_chunk_and_leave_a_long_one_whole(device):
     """One tile per KV head gets split; a prompt with tiles for every multiprocessor twice does not."""
-    from kernels._common import num_sms
-    from kernels.paged_prefill import MAX_SPLITS, default_splits
+    from kernels._common import MAX_SPLITS, num_sms
+    from kernels.paged_prefill import default_splits
 
     sms = num_sms(torch.device(device))
     assert default_splits(2, 1, torch.device(device)) == min(MAX_SPLITS, sms)
