@@ -221,6 +221,67 @@ def ttft(engine: LLMEngine, prompt_len: int, repeats: int) -> dict[str, Any]:
     }
 
 
+def ttft_profile(engine: LLMEngine, prompt_len: int) -> dict[str, Any]:
+    """Where a cached prompt's TTFT goes: host spans of ``add_request`` and each ``step``, and the device's kernels.
+
+    A diagnostic beside ``ttft``: one cold run, then the same prompt again under torch.profiler (CPU
+    and CUDA activity; the profiler's own overhead lengthens the host spans).
+    """
+    from torch.profiler import DeviceType, ProfilerActivity, profile, record_function
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    prompt = [100 + (i * 7919) % 40000 for i in range(prompt_len)]
+    engine.add_request("prof-cold", prompt, params)
+    run_all(engine)
+    sync(engine.config.device)
+    on_gpu = engine.config.device.startswith("cuda")
+    acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_gpu else [])]
+    with profile(activities=acts) as prof:
+        with record_function("ttft.add_request"):
+            engine.add_request("prof-warm", prompt, params)
+        i = 0
+        while engine.has_unfinished_requests():
+            with record_function(f"ttft.step{i}"):
+                engine.step()
+            i += 1
+        sync(engine.config.device)
+    events = list(prof.events())
+    t0 = min(e.time_range.start for e in events)
+    host = {
+        e.name: [round((e.time_range.start - t0) / 1e3, 3), round((e.time_range.end - t0) / 1e3, 3)]
+        for e in events
+        if e.name.startswith("ttft.")
+    }
+    kind = DeviceType.CUDA if on_gpu else DeviceType.CPU
+    dev = [e for e in events if e.device_type == kind and not e.name.startswith("ttft.")]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in dev)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    by_name: dict[str, list[float]] = {}
+    for e in dev:
+        by_name.setdefault(e.name[:70], []).append(e.time_range.end - e.time_range.start)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:15]
+    on_host: dict[str, list[float]] = {}
+    for e in events:
+        if on_gpu and e.device_type == DeviceType.CPU and not e.name.startswith("ttft."):
+            on_host.setdefault(e.name[:70], []).append(e.time_range.end - e.time_range.start)
+    top_host = sorted(on_host.items(), key=lambda kv: -sum(kv[1]))[:15]
+    return {
+        "prompt_tokens": prompt_len,
+        "host_spans_ms": host,
+        "device_first_last_ms": [round((spans[0][0] - t0) / 1e3, 3), round((spans[-1][1] - t0) / 1e3, 3)]
+        if spans
+        else None,
+        "device_events": len(spans),
+        "device_busy_ms": busy / 1e3,
+        "top_device_us": [{"name": k, "count": len(v), "total_us": round(sum(v), 1)} for k, v in top],
+        "top_host_us": [{"name": k, "count": len(v), "total_us": round(sum(v), 1)} for k, v in top_host],
+    }
+
+
 def chunked_itl(
     engine: LLMEngine, running: int, long_len: int, arrivals: int, every: int, steps: int
 ) -> dict[str, Any]:
@@ -420,6 +481,8 @@ def main() -> None:
         run("gpu_busy", lambda: gpu_busy(engine(), n, lo, hi, seed=3, window=5 if smoke else 40))
     if want("ttft"):
         run("ttft_4k", lambda: ttft(engine(), 128 if smoke else 4096, 1 if smoke else 3))
+    if "ttft_profile" in only:  # a diagnostic, only when asked for by name
+        run("ttft_4k_profile", lambda: ttft_profile(engine(), 128 if smoke else 4096))
     if want("chunked"):
         # the step budget sets the chunk: 512 tokens (384 of prompt beside 128 decodes), and 256
         for name, budget in (("chunked_itl", 512), ("chunked_itl_256", 256)):

@@ -138,11 +138,9 @@ def cases() -> list[Case]:
             "PDL": True,
         }
         out.append(Case(f"prefill split={split}", paged_prefill._prefill_kernel, c, pre))
-    out.append(
-        Case(
-            "prefill merge", paged_prefill._prefill_merge_kernel, {"NH": 32, "HD": 128, "BLOCK_H": 32, "PDL": True}, pre
-        )
-    )
+    for nh, hd, bh in ((32, 128, 1), (9, 64, 2)):  # 32 splits: the 8B's and SmolLM2's prefix-hit tails
+        c = {"NH": nh, "HD": hd, "BLOCK_S": 32, "BLOCK_H": bh, "BLOCK_B": 8, "PDL": True}
+        out.append(Case(f"prefill merge hd={hd}", paged_prefill._prefill_merge_kernel, c, pre))
     for res in (False, True):
         c = {"HAS_RESIDUAL": res, "BLOCK_C": 4096, "PDL": True}
         out.append(
