@@ -27,7 +27,7 @@ from bench.gpu_decoder import LLAMA3_8B, SMOLLM2_135M, Decoder, DecodeState, QLi
 from kernels import quant_matmul
 from kernels._common import set_pdl
 from kernels.dense_gemv import MODEL_ROWS
-from kernels.quant_matmul import Config, Kind
+from kernels.quant_matmul import Config
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -105,10 +105,8 @@ def _run_all(ws: list[QLinear], x: torch.Tensor, gated: bool) -> None:
         w(x, gated)
 
 
-def tune(
-    decoder: Decoder, batches: list[int], log: list[dict[str, object]]
-) -> dict[tuple[Kind, int, int, int], Config]:
-    """Pin, for every linear shape and batch, the fastest config over all the model's copies of that layer; return them.
+def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]]) -> None:
+    """Pin, for every linear shape and batch, the fastest config over all the model's copies of that layer.
 
     NOTE(h7): each candidate is timed over the 32 layers' distinct weights in turn, so the weights
     stream from HBM as in a real step instead of sitting in the 50 MB L2, and inside a CUDA graph,
@@ -116,7 +114,6 @@ def tune(
     """
     kinds: dict[str, Literal["int8", "int4", "dense"]] = {"int8": "int8", "int4": "int4", "bf16": "dense"}
     kind = kinds[decoder.mode]
-    pinned: dict[tuple[Kind, int, int, int], Config] = {}
     names = ("qkv", "o", "gate_up", "down")
     groups: list[list[QLinear]] = [[getattr(layer, n) for layer in decoder.layers] for n in names]
     groups.append([decoder.lm_head])
@@ -139,27 +136,11 @@ def tune(
                     best = (ms, cfg)
             assert best is not None
             quant_matmul.set_config(kind, m, n, k, best[1])
-            pinned[(kind, m, n, k)] = best[1]
             gbs = ws[0].nbytes / best[0] / 1e6
             log.append(
                 {"kind": kind, "m": m, "n": n, "k": k, "ms": best[0], "weight_gbs": gbs, "config": asdict(best[1])}
             )
             print(f"  tuned {kind} m={m} {n}x{k}: {best[0] * 1e3:.1f} us, {gbs:.0f} GB/s, {best[1]}", flush=True)
-    return pinned
-
-
-def pin_l2_prefetch(pinned: dict[tuple[Kind, int, int, int], Config], rows: int, per_program: int) -> None:
-    """Re-pin the tuned GEMV configs of ``rows`` rows to ask L2 for about ``per_program`` weight bytes before the PDL wait.
-
-    NOTE(h7): not tuned per kernel: the tuner runs a matmul back to back with itself, where the
-    prefetch competes with a kernel as bandwidth-bound as its own, while in a step it overlaps the
-    norm or attention kernel before it; so it is judged on the whole step.
-    """
-    elem = {"dense": 2, "int8": 1, "int8g": 1, "int4": 1}
-    for (kind, m, n, k), cfg in pinned.items():
-        if m == rows and cfg.path == "gemv":
-            tiles = per_program // (cfg.block_n * cfg.block_k * elem[kind]) if per_program else 0
-            quant_matmul.set_config(kind, m, n, k, replace(cfg, prefetch_l2=max(tiles, 1) if per_program else 0))
 
 
 def decode_rate(decoder: Decoder, shape: Shape, batch: int, context: int, steps: int) -> tuple[float, list[int]]:
@@ -264,13 +245,7 @@ def main() -> None:
     p.add_argument("--json", default="")
     p.add_argument("--profile", action="store_true", help="kernel times of one batch-1 step per format")
     p.add_argument("--no-pdl", action="store_true", help="launch the kernels without programmatic dependent launch")
-    p.add_argument(
-        "--l2-bytes",
-        default="0",
-        help="batch 1 once per value: weight bytes a GEMV program asks of L2 before the PDL wait",
-    )
     a = p.parse_args()
-    l2_bytes = [int(v) for v in a.l2_bytes.split(",")]
     set_pdl(not a.no_pdl)
     shape = SHAPES[a.shape]
     shape = replace(shape, layers=a.layers or shape.layers)
@@ -303,19 +278,16 @@ def main() -> None:
             f"{mode}: weights built in {time.perf_counter() - t0:.1f} s, {wbytes / 1e9:.2f} GB of linears", flush=True
         )
         mode_batches = batches if mode != "int8" else [1]
-        pinned = tune(dec, mode_batches, tuning) if mode != "cublas" else {}
+        if mode != "cublas":
+            tune(dec, mode_batches, tuning)
         for b in mode_batches:
-            for l2 in l2_bytes if b == 1 and mode != "cublas" else [0]:
-                pin_l2_prefetch(pinned, b, l2)
-                rate, first = decode_rate(dec, shape, b, a.context, a.steps)
-                row: dict[str, object] = {"mode": mode, "batch": b, "tok_s": rate, "weight_gb": wbytes / 1e9}
-                if b == 1:
-                    row["mbu"] = wbytes * rate / (copy * 1e9)
-                    row["l2_prefetch_bytes"] = l2
-                    ids.setdefault(mode, first)
-                rows.append(row)
-                print(f"  {mode} batch {b} (L2 prefetch {l2} B a program): {rate:.1f} tok/s", flush=True)
-            pin_l2_prefetch(pinned, b, 0)
+            rate, first = decode_rate(dec, shape, b, a.context, a.steps)
+            row: dict[str, object] = {"mode": mode, "batch": b, "tok_s": rate, "weight_gb": wbytes / 1e9}
+            if b == 1:
+                row["mbu"] = wbytes * rate / (copy * 1e9)
+                ids[mode] = first
+            rows.append(row)
+            print(f"  {mode} batch {b}: {rate:.1f} tok/s", flush=True)
         if a.profile:
             try:
                 prof = step_profile(dec, shape, a.context)
@@ -335,19 +307,15 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
-    bf16_1 = {
-        r.get("l2_prefetch_bytes"): float(str(r["tok_s"])) for r in rows if r["mode"] == "bf16" and r["batch"] == 1
-    }
+    bf16_1 = next((r["tok_s"] for r in rows if r["mode"] == "bf16" and r["batch"] == 1), None)
     print(
         f"\n{res['device']}, copy ceiling {copy:.0f} GB/s, context {a.context}, {a.steps} steps, int4 group {a.group}"
     )
-    print(f"{'mode':6} {'batch':>5} {'L2 B':>6} {'tok/s':>9} {'vs bf16 b1':>10} {'MBU':>6}")
+    print(f"{'mode':6} {'batch':>5} {'tok/s':>9} {'vs bf16 b1':>10} {'MBU':>6}")
     for r in rows:
-        pf = r.get("l2_prefetch_bytes")
-        base = bf16_1.get(pf) if r["batch"] == 1 else None  # bf16 with the same prefetch
-        ratio = f"{float(str(r['tok_s'])) / base:.2f}x" if base else ""
+        ratio = f"{r['tok_s'] / bf16_1:.2f}x" if bf16_1 and r["batch"] == 1 else ""  # type: ignore[operator]
         mbu = f"{r['mbu']:.0%}" if "mbu" in r else ""
-        print(f"{r['mode']:6} {r['batch']:>5} {'' if pf is None else pf:>6} {r['tok_s']:>9.1f} {ratio:>10} {mbu:>6}")
+        print(f"{r['mode']:6} {r['batch']:>5} {r['tok_s']:>9.1f} {ratio:>10} {mbu:>6}")
     for k, v in hf.items():
         print(f"{k:12} batch 1 {v:9.1f} tok/s")
 

@@ -15,7 +15,7 @@ from typing import Literal
 
 import torch
 
-from kernels._common import dot_in_fp32, interpreting, next_pow2, num_sms, pdl_args, tl, triton
+from kernels._common import dot_in_fp32, num_sms, pdl_args, tl, triton
 
 GEMV_MAX_ROWS = 4
 """Rows of ``x`` up to which the GEMV path is the default."""
@@ -40,10 +40,6 @@ class Config:
     prefetch: bool = False
     """GEMV path: load the first weight tile before the PDL wait (the weight is no earlier kernel's
     output, so the load overlaps the previous kernel's tail)."""
-    prefetch_l2: int = 0
-    """GEMV path: weight tiles of each program asked of L2 before the PDL wait (``prefetch.global.L2``,
-    one instruction a 128-byte line, no registers held), so a program's first loads after the wait
-    hit L2. 0: none."""
 
 
 _CONFIGS: dict[tuple[str, int, int, int], Config] = {}
@@ -123,27 +119,6 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
 if triton is not None:
 
     @triton.jit
-    def _prefetch_l2(w_ptrs, k_lo, k_hi, nmask, LINES: tl.constexpr):
-        """Ask L2 for ``LINES`` 128-byte lines of each weight row from column ``k_lo`` (not past ``k_hi``).
-
-        ``w_ptrs`` is ``(BLOCK_N, 1)``, the program's row starts. A prefetch holds no register and
-        waits for nothing, so it may run before the PDL wait: the weight is no earlier kernel's
-        output. Lines out of range ask again for the program's first line.
-        """
-        STEP: tl.constexpr = 128 // (w_ptrs.dtype.element_ty.primitive_bitwidth // 8)  # columns a line
-        cols = k_lo + tl.arange(0, LINES) * STEP  # (LINES,)
-        ok = nmask[:, None] & (cols < k_hi)[None, :]
-        ptrs = tl.where(ok, w_ptrs + cols[None, :], w_ptrs + k_lo)  # (BLOCK_N, LINES)
-        tl.inline_asm_elementwise(
-            asm="prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
-            constraints="=r,l",
-            args=[ptrs],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @triton.jit
     def _load_x(ptrs, mask, GATE_OFF, GATED: tl.constexpr):
         """``x`` at ``ptrs``; with GATED, ``silu(x[ptrs]) * x[ptrs + GATE_OFF]`` rounded to x's dtype (``silu_and_mul``)."""
         x = tl.load(ptrs, mask=mask, other=0.0)
@@ -201,13 +176,6 @@ def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     return buf
 
 
-def l2_lines(cfg: Config, elem: int) -> int:
-    """128-byte lines a weight row asks of L2 for ``cfg.prefetch_l2`` tiles: a power of two, 0 for none."""
-    if cfg.prefetch_l2 <= 0:
-        return 0
-    return next_pow2(max(1, cfg.prefetch_l2 * cfg.block_k * elem // 128))
-
-
 def launch(
     kernel: object,
     x: torch.Tensor,
@@ -255,7 +223,6 @@ def launch(
         BLOCK_K=cfg.block_k,
         DOT_F32=dot_in_fp32() or x.dtype == torch.float32,
         PREFETCH=cfg.prefetch and gemv,
-        L2_LINES=l2_lines(cfg, tensors[0].element_size()) if gemv and x.is_cuda and not interpreting() else 0,
         num_warps=cfg.num_warps,
         **pdl_args(x),
     )

@@ -33,7 +33,7 @@ and 612.9 for cuBLAS."""
 
 if triton is not None:
     from kernels._common import pdl_enter
-    from kernels._matmul_launch import _load_x, _prefetch_l2, _store_tile
+    from kernels._matmul_launch import _load_x, _store_tile
 
     @triton.jit
     def _dense_step(acc2, w, x_row, rk, K, GATED: tl.constexpr):
@@ -63,7 +63,6 @@ if triton is not None:
         BLOCK_K: tl.constexpr,  # K per loop step
         DOT_F32: tl.constexpr,  # unused (no tl.dot)
         PREFETCH: tl.constexpr = False,  # load the first weight tile before the PDL wait (Config.prefetch)
-        L2_LINES: tl.constexpr = 0,  # 128-byte lines a row asks of L2 before the PDL wait (Config.prefetch_l2)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32)
@@ -73,8 +72,6 @@ if triton is not None:
         w_ptrs = w_ptr + rn[:, None] * sw_n
         # per-column partial sums, reduced once after the loop: the same order for every row and batch
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        if L2_LINES > 0:
-            _prefetch_l2(w_ptrs, k_lo, tl.minimum(k_lo + K_SPLIT, K), nmask, L2_LINES)
         if PREFETCH:
             # NOTE(h7): no earlier kernel writes the weight, so its first tile may load before the PDL
             # wait and be in flight while that kernel finishes (kernels._common.pdl_enter)

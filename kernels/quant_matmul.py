@@ -30,7 +30,7 @@ __all__ = ["GEMV_MAX_ROWS", "_COUNTERS", "Config", "Kind", "int4_matmul", "int8_
 
 if triton is not None:
     from kernels._common import pdl_enter
-    from kernels._matmul_launch import _load_x, _prefetch_l2, _store_tile
+    from kernels._matmul_launch import _load_x, _store_tile
 
     @triton.jit
     def _int8_to_f32(w, ASM: tl.constexpr):
@@ -117,7 +117,6 @@ if triton is not None:
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
         ASM: tl.constexpr = False,  # GEMV: convert the weight bytes with inline PTX (compiled kernels only)
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
-        L2_LINES: tl.constexpr = 0,  # GEMV: 128-byte lines a row asks of L2 before the PDL wait (Config.prefetch_l2)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         # GEMV: one row per program, adjacent programs on the same weight tile (shared through L2)
@@ -133,8 +132,6 @@ if triton is not None:
             w_ptrs = w_ptr + rn[:, None] * sw_n
             k_lo = ks * K_SPLIT
             acc2 = tl.zeros((BLOCK_N, BLOCK_K if G == 0 else NG), tl.float32)
-            if L2_LINES > 0:
-                _prefetch_l2(w_ptrs, k_lo, tl.minimum(k_lo + K_SPLIT, K), nmask, L2_LINES)
             if PREFETCH:  # see _dense_gemv_kernel
                 rk = k_lo + tl.arange(0, BLOCK_K)
                 w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
@@ -297,7 +294,6 @@ if triton is not None:
         EXACT: tl.constexpr = False,  # GEMV: fp32 activations, keep every bit of sum(q x)
         ASM: tl.constexpr = False,  # GEMV: unpack the nibbles with inline PTX (compiled kernels only)
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
-        L2_LINES: tl.constexpr = 0,  # GEMV: 128-byte lines a row asks of L2 before the PDL wait (Config.prefetch_l2)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -315,8 +311,6 @@ if triton is not None:
             x_row = x_ptr + rm * sx_m
             k_lo = ks * K_SPLIT
             acc2 = tl.zeros((BLOCK_N, NG), tl.float32)
-            if L2_LINES > 0:
-                _prefetch_l2(w_ptrs, k_lo, tl.minimum(k_lo + K_SPLIT, K2), nmask, L2_LINES)
             if PREFETCH:  # see _dense_gemv_kernel
                 rk = k_lo + tl.arange(0, BLOCK_K)
                 b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)

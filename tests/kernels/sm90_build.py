@@ -80,17 +80,15 @@ def cases() -> list[Case]:
     out = []
     for g in (0, 128):
         w8 = {**mm, "w_ptr": "*i8"}
-        c = {**gemv, "G": g, "GATED": True, "BLOCK_N": 2, "BLOCK_K": 1024, "PREFETCH": True, "L2_LINES": 32}
+        c = {**gemv, "G": g, "GATED": True, "BLOCK_N": 2, "BLOCK_K": 1024, "PREFETCH": True}
         out.append(Case(f"int8 gemv G={g}", quant_matmul._int8_kernel, c, w8, 2))
         out.append(
             Case(f"int8 tiled G={g}", quant_matmul._int8_kernel, {**tiled, "G": g, "GATED": True, "BLOCK_K": 128}, w8)
         )
     w4 = {**mm, "w_ptr": "*u8"}
-    for exact, prefetch, l2 in ((False, False, 0), (True, False, 0), (False, True, 0), (False, False, 16)):
+    for exact, prefetch in ((False, False), (True, False), (False, True)):
         c = {**gemv, "G": 128, "GATED": True, "BLOCK_N": 16, "BLOCK_K": 512, "EXACT": exact, "PREFETCH": prefetch}
-        c["L2_LINES"] = l2
-        name = f"int4 gemv exact={exact} prefetch={prefetch} l2_lines={l2}"
-        out.append(Case(name, quant_matmul._int4_kernel, c, w4, 2))
+        out.append(Case(f"int4 gemv exact={exact} prefetch={prefetch}", quant_matmul._int4_kernel, c, w4, 2))
     out.append(
         Case(
             "int4 tiled",
@@ -100,7 +98,7 @@ def cases() -> list[Case]:
         )
     )
     for gated in (False, True):
-        c = {**gemv, "GATED": gated, "BLOCK_N": 2, "BLOCK_K": 2048, "PREFETCH": True, "L2_LINES": 64 * gated}
+        c = {**gemv, "GATED": gated, "BLOCK_N": 2, "BLOCK_K": 2048, "PREFETCH": True}
         del c["ASM"]
         out.append(Case(f"dense gated={gated}", dense_gemv._dense_gemv_kernel, c, mm, 8))
     attn = {

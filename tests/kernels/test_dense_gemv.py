@@ -13,7 +13,7 @@ from tests.kernels.conftest import ON_GPU
 # (M, N, K): odd N, K not a multiple of the loop step
 SHAPES = [(1, 4099, 4100), (3, 1027, 576), (4, 49157, 576)] if ON_GPU else [(1, 33, 72), (3, 17, 40), (4, 9, 100)]
 CONFIGS = (
-    [None, Config("gemv", 32, 128, 4, prefetch=True), Config("gemv", 64, 64, 1, prefetch_l2=4)]
+    [None, Config("gemv", 32, 128, 4, prefetch=True), Config("gemv", 64, 64, 1)]
     if ON_GPU
     else [None, Config("gemv", 16, 32, 3, prefetch=True), Config("gemv", 16, 16, 1)]
 )
