@@ -72,19 +72,14 @@ def copy_ceiling_gbs(nbytes: int = 4 << 30) -> float:
 
 
 def candidates(kind: Literal["int8", "int4", "dense"], m: int, group: int) -> list[Config]:
-    """Launch configs tried per (shape, rows); each GEMV tile with and without the weight prefetch, and the quantized ones pipelined or not."""
+    """Launch configs tried per (shape, rows); each GEMV tile with and without the weight prefetch."""
     out: list[Config] = []
-    # (prefetch, pipeline); the dense GEMV has no pipelined loop
-    loads = [(pf, pipe) for pf in (False, True) for pipe in ((False,) if kind == "dense" else (False, True))]
     if kind == "int4" and m <= 4:
         for bn in (4, 8, 16, 32, 64):
             for bk in (b for b in (128, 256, 512) if b % group == 0):
                 for warps in (2, 4, 8) if bn >= 32 else (2, 4):
                     for split in (1, 2, 4, 8):
-                        out += [
-                            Config("gemv", bn, bk, split, num_warps=warps, prefetch=pf, pipeline=pipe)
-                            for pf, pipe in loads
-                        ]
+                        out += [Config("gemv", bn, bk, split, num_warps=warps, prefetch=pf) for pf in (False, True)]
     elif m <= 4 or kind == "dense":  # the dense kind has only the GEMV (bigger batches run cuBLAS)
         for bn in (2, 4, 8, 16, 32, 64):
             for bk in (512, 1024, 2048):
@@ -93,10 +88,7 @@ def candidates(kind: Literal["int8", "int4", "dense"], m: int, group: int) -> li
                     if not 4 * 32 * warps <= bn * bk <= 64 * 32 * warps:
                         continue
                     for split in (1, 2, 4, 8) if bn >= 8 else (1, 2):
-                        out += [
-                            Config("gemv", bn, bk, split, num_warps=warps, prefetch=pf, pipeline=pipe)
-                            for pf, pipe in loads
-                        ]
+                        out += [Config("gemv", bn, bk, split, num_warps=warps, prefetch=pf) for pf in (False, True)]
     if kind == "dense":
         return out
     tiled_bks = (64, 128) if kind == "int8" else tuple(b for b in (32, 64, 128) if group % b == 0)

@@ -40,9 +40,6 @@ class Config:
     prefetch: bool = False
     """GEMV path: load the first weight tile before the PDL wait (the weight is no earlier kernel's
     output, so the load overlaps the previous kernel's tail)."""
-    pipeline: bool = False
-    """Quantized GEMV path: load each next weight tile before the arithmetic of this one, so the load
-    is in flight while the step computes (one more tile of registers)."""
 
 
 _CONFIGS: dict[tuple[str, int, int, int], Config] = {}
@@ -120,12 +117,6 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
 
 
 if triton is not None:
-
-    @triton.jit
-    def _weight_tile(w_ptrs, k0, k_hi, K, nmask, BLOCK_K: tl.constexpr):
-        """The ``(BLOCK_N, BLOCK_K)`` weight tile at column ``k0`` of the rows ``w_ptrs``; zero past ``K`` or ``k_hi``."""
-        rk = k0 + tl.arange(0, BLOCK_K)
-        return tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & ((rk < K) & (rk < k_hi))[None, :], other=0)
 
     @triton.jit
     def _load_x(ptrs, mask, GATE_OFF, GATED: tl.constexpr):
@@ -232,7 +223,6 @@ def launch(
         BLOCK_K=cfg.block_k,
         DOT_F32=dot_in_fp32() or x.dtype == torch.float32,
         PREFETCH=cfg.prefetch and gemv,
-        **({"PIPELINE": cfg.pipeline} if gemv and cfg.pipeline else {}),
         num_warps=cfg.num_warps,
         **pdl_args(x),
     )

@@ -115,5 +115,4 @@ def dense_gemv(
     check_last_contiguous("weight", weight)
     cfg = config or config_for("dense", x.shape[0], n, k, k, 0, x.device)
     check(cfg.path == "gemv", f"dense_gemv has only the GEMV path, got {cfg.path}")
-    check(not cfg.pipeline, "dense_gemv has no pipelined loop (Config.pipeline is for the quantized GEMVs)")
     return launch(_dense_gemv_kernel, x, n, k, cfg, (weight,), (x.stride(0), weight.stride(0)), gated)

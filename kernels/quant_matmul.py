@@ -30,7 +30,7 @@ __all__ = ["GEMV_MAX_ROWS", "_COUNTERS", "Config", "Kind", "int4_matmul", "int8_
 
 if triton is not None:
     from kernels._common import pdl_enter
-    from kernels._matmul_launch import _load_x, _store_tile, _weight_tile
+    from kernels._matmul_launch import _load_x, _store_tile
 
     @triton.jit
     def _int8_to_f32(w, ASM: tl.constexpr):
@@ -117,7 +117,6 @@ if triton is not None:
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
         ASM: tl.constexpr = False,  # GEMV: convert the weight bytes with inline PTX (compiled kernels only)
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
-        PIPELINE: tl.constexpr = False,  # GEMV: load the next weight tile before this one's arithmetic (Config.pipeline)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         # GEMV: one row per program, adjacent programs on the same weight tile (shared through L2)
@@ -133,26 +132,17 @@ if triton is not None:
             w_ptrs = w_ptr + rn[:, None] * sw_n
             k_lo = ks * K_SPLIT
             acc2 = tl.zeros((BLOCK_N, BLOCK_K if G == 0 else NG), tl.float32)
-            k_hi = k_lo + K_SPLIT
             if PREFETCH:  # see _dense_gemv_kernel
                 rk = k_lo + tl.arange(0, BLOCK_K)
                 w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
             pdl_enter(PDL)
-            if PIPELINE:  # see _int4_kernel
-                if not PREFETCH:
-                    w = _weight_tile(w_ptrs, k_lo, k_hi, K, nmask, BLOCK_K)
-                for k0 in range(k_lo, k_hi, BLOCK_K):
-                    w_next = _weight_tile(w_ptrs, k0 + BLOCK_K, k_hi, K, nmask, BLOCK_K)
-                    acc2 = _int8_gemv_step(acc2, w, k0, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
-                    w = w_next
-            else:
-                if PREFETCH:
-                    acc2 = _int8_gemv_step(acc2, w, k_lo, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
-                k_first = k_lo + BLOCK_K * PREFETCH
-                for k0 in range(k_first, k_hi, BLOCK_K):
-                    rk = k0 + tl.arange(0, BLOCK_K)
-                    w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
-                    acc2 = _int8_gemv_step(acc2, w, k0, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
+            if PREFETCH:
+                acc2 = _int8_gemv_step(acc2, w, k_lo, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
+            k_first = k_lo + BLOCK_K * PREFETCH
+            for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
+                acc2 = _int8_gemv_step(acc2, w, k0, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
             pdl_enter(PDL)
@@ -304,7 +294,6 @@ if triton is not None:
         EXACT: tl.constexpr = False,  # GEMV: fp32 activations, keep every bit of sum(q x)
         ASM: tl.constexpr = False,  # GEMV: unpack the nibbles with inline PTX (compiled kernels only)
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
-        PIPELINE: tl.constexpr = False,  # GEMV: load the next weight tile before this one's arithmetic (Config.pipeline)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -322,32 +311,17 @@ if triton is not None:
             x_row = x_ptr + rm * sx_m
             k_lo = ks * K_SPLIT
             acc2 = tl.zeros((BLOCK_N, NG), tl.float32)
-            k_hi = k_lo + K_SPLIT
             if PREFETCH:  # see _dense_gemv_kernel
                 rk = k_lo + tl.arange(0, BLOCK_K)
                 b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
             pdl_enter(PDL)
-            if PIPELINE:
-                # NOTE(h7): a step's unpack and FMAs take about as long as its tile's load at batch 1, and
-                # without this a warp issues the next load only after the arithmetic; here the next
-                # tile is in flight while this one is computed (no peeled step: PREFETCH only moves
-                # the first load before the wait)
-                if not PREFETCH:
-                    b = _weight_tile(w_ptrs, k_lo, k_hi, K2, nmask, BLOCK_K)
-                for k0 in range(k_lo, k_hi, BLOCK_K):
-                    b_next = _weight_tile(w_ptrs, k0 + BLOCK_K, k_hi, K2, nmask, BLOCK_K)
-                    acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
-                    b = b_next
-            else:
-                if PREFETCH:
-                    acc2 = _int4_gemv_step(
-                        acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM
-                    )
-                k_first = k_lo + BLOCK_K * PREFETCH
-                for k0 in range(k_first, k_hi, BLOCK_K):
-                    rk = k0 + tl.arange(0, BLOCK_K)
-                    b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
-                    acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
+            if PREFETCH:
+                acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
+            k_first = k_lo + BLOCK_K * PREFETCH
+            for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
+                acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
             pdl_enter(PDL)

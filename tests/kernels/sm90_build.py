@@ -80,25 +80,15 @@ def cases() -> list[Case]:
     out = []
     for g in (0, 128):
         w8 = {**mm, "w_ptr": "*i8"}
-        for pipeline in (False, True):
-            c = {**gemv, "G": g, "GATED": True, "BLOCK_N": 2, "BLOCK_K": 1024, "PREFETCH": True, "PIPELINE": pipeline}
-            out.append(Case(f"int8 gemv G={g} pipeline={pipeline}", quant_matmul._int8_kernel, c, w8, 2))
+        c = {**gemv, "G": g, "GATED": True, "BLOCK_N": 2, "BLOCK_K": 1024, "PREFETCH": True}
+        out.append(Case(f"int8 gemv G={g}", quant_matmul._int8_kernel, c, w8, 2))
         out.append(
             Case(f"int8 tiled G={g}", quant_matmul._int8_kernel, {**tiled, "G": g, "GATED": True, "BLOCK_K": 128}, w8)
         )
     w4 = {**mm, "w_ptr": "*u8"}
-    variants = (
-        (False, False, False),
-        (True, False, False),
-        (False, True, False),
-        (False, False, True),
-        (False, True, True),
-    )
-    for exact, prefetch, pipeline in variants:
+    for exact, prefetch in ((False, False), (True, False), (False, True)):
         c = {**gemv, "G": 128, "GATED": True, "BLOCK_N": 16, "BLOCK_K": 512, "EXACT": exact, "PREFETCH": prefetch}
-        c["PIPELINE"] = pipeline
-        name = f"int4 gemv exact={exact} prefetch={prefetch} pipeline={pipeline}"
-        out.append(Case(name, quant_matmul._int4_kernel, c, w4, 2))
+        out.append(Case(f"int4 gemv exact={exact} prefetch={prefetch}", quant_matmul._int4_kernel, c, w4, 2))
     out.append(
         Case(
             "int4 tiled",

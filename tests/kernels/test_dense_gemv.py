@@ -61,15 +61,6 @@ def test_dense_gemv_rejects_a_tiled_config(device):
         dense_gemv(torch.randn(1, 16, device=device), torch.randn(8, 16, device=device), Config("tiled", 16, 16, 1))
 
 
-def test_dense_gemv_rejects_a_pipelined_config(device):
-    with pytest.raises(ValueError, match="no pipelined loop"):
-        dense_gemv(
-            torch.randn(1, 16, device=device),
-            torch.randn(8, 16, device=device),
-            Config("gemv", 8, 16, 1, pipeline=True),
-        )
-
-
 def test_dense_gemv_gated_rejects_ungated_width(device):
     with pytest.raises(ValueError, match="x must be \\(M, 32\\)"):
         dense_gemv(torch.randn(1, 16, device=device), torch.randn(8, 16, device=device), gated=True)
