@@ -263,9 +263,10 @@ if triton is not None:
     ):
         """One row of q, BLOCK_H heads: the splits' outputs weighted by their sum-exp, all splits in one load.
 
-        NOTE(h7): a loop over the splits (two dependent L2 round trips each) took ~20 us a layer
-        on the H200 for a 16-token step with 32 splits (SmolLM2, a prefix hit's tail): longer than
-        the attention itself. Rows that are no sequence's (decode rows, padding) are left alone.
+        NOTE(h7): a loop over the splits (an L2 round trip a turn, twice over) took 10.7 us a launch
+        on the H100 for a 16-row step with 32 splits (SmolLM2, a prefix hit's tail), and the largest
+        share of that step's device time in a profile: more than the attention itself. Rows that
+        are no sequence's (decode rows, padding) are left alone.
         """
         pdl_enter(PDL)
         row = tl.program_id(0).to(tl.int64)
@@ -434,7 +435,7 @@ def paged_prefill_attention(
         block_s = next_pow2(S)
         # NOTE(h7): one warp and a (BLOCK_S, BLOCK_H, HD) tile of ~2,048 fp32 values (64 a thread) won
         # on the H100 over SmolLM2's and the 8B's heads at 16-512 rows and 3-32 splits: 1.9-3.2 us,
-        # against 2.5-15.8 us with 4 warps and 4,096 values, and 5.1-20.7 us for the loop it replaced
+        # against 2.8-15.1 us with 4 warps and 4,096 values, and 5.1-20.7 us for the loop it replaced
         block_h = max(1, min(next_pow2(nh), 2048 // (block_s * hd)))
         _prefill_merge_kernel[(N, -(-nh // block_h))](
             part_out,
