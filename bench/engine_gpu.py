@@ -77,13 +77,13 @@ def candidates(kind: Literal["int8", "int4", "dense"], m: int, group: int) -> li
     if kind == "int4" and m <= 4:
         for bn in (4, 8, 16, 32, 64):
             for bk in (b for b in (128, 256, 512) if b % group == 0):
-                for warps in (2, 4, 8) if bn >= 32 else (2, 4):
+                for warps in (1, 2, 4, 8) if bn >= 32 else (1, 2, 4):
                     for split in (1, 2, 4, 8):
                         out += [Config("gemv", bn, bk, split, num_warps=warps, prefetch=pf) for pf in (False, True)]
     elif m <= 4 or kind == "dense":  # the dense kind has only the GEMV (bigger batches run cuBLAS)
         for bn in (2, 4, 8, 16, 32, 64):
             for bk in (512, 1024, 2048):
-                for warps in (2, 4, 8):
+                for warps in (1, 2, 4, 8):
                     # the (bn, bk) fp32 accumulator spills past 64 a thread; under 4 a thread wastes lanes
                     if not 4 * 32 * warps <= bn * bk <= 64 * 32 * warps:
                         continue
