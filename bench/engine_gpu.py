@@ -143,8 +143,13 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]]) -> 
             print(f"  tuned {kind} m={m} {n}x{k}: {best[0] * 1e3:.1f} us, {gbs:.0f} GB/s, {best[1]}", flush=True)
 
 
-def decode_rate(decoder: Decoder, shape: Shape, batch: int, context: int, steps: int) -> tuple[float, list[int]]:
-    """Decode tok/s of ``batch`` rows over ``steps`` graph replays, and the first row's greedy ids."""
+def decode_rate(decoder: Decoder, shape: Shape, batch: int, context: int, steps: int) -> tuple[float, list[int], float]:
+    """Decode tok/s of ``batch`` rows over ``steps`` graph replays, the first row's greedy ids, and host us a launch.
+
+    The launch time is that of one ``replay`` call made with the device idle (median of 8): the
+    host's cost of launching the step's graph, which a step cannot go below when the host runs
+    nothing else.
+    """
     st = DecodeState(shape, batch, context, steps + 8)
     graph = capture(decoder, st)
     ids = []
@@ -160,8 +165,15 @@ def decode_rate(decoder: Decoder, shape: Shape, batch: int, context: int, steps:
     end.record()
     end.synchronize()
     rate = batch * steps / (start.elapsed_time(end) / 1e3)
+    launches = []
+    for _ in range(8):  # the KV slots past the timed steps: still within the state's capacity
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.replay()
+        launches.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
     del graph, st
-    return rate, ids
+    return rate, ids, statistics.median(launches)
 
 
 def step_profile(decoder: Decoder, shape: Shape, context: int, replays: int = 4) -> list[dict[str, object]]:
@@ -281,13 +293,14 @@ def main() -> None:
         if mode != "cublas":
             tune(dec, mode_batches, tuning)
         for b in mode_batches:
-            rate, first = decode_rate(dec, shape, b, a.context, a.steps)
+            rate, first, host_us = decode_rate(dec, shape, b, a.context, a.steps)
             row: dict[str, object] = {"mode": mode, "batch": b, "tok_s": rate, "weight_gb": wbytes / 1e9}
+            row["host_us_a_launch"] = host_us
             if b == 1:
                 row["mbu"] = wbytes * rate / (copy * 1e9)
                 ids[mode] = first
             rows.append(row)
-            print(f"  {mode} batch {b}: {rate:.1f} tok/s", flush=True)
+            print(f"  {mode} batch {b}: {rate:.1f} tok/s; a graph launch takes {host_us:.0f} us of host time", flush=True)
         if a.profile:
             try:
                 prof = step_profile(dec, shape, a.context)

@@ -152,6 +152,7 @@ def paged_decode_attention(
     scale: float,
     splits: int | None = None,
     block_n: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(B, nh, hd)`` attention of one query per sequence over its paged context.
 
@@ -170,9 +171,11 @@ def paged_decode_attention(
             programs per multiprocessor (``kernels._common.split_count``) and no more than the
             table's capacity has tiles.
         block_n: context tokens per loop step; default 64 on the GPU, 16 in the interpreter.
+        out: ``(B, nh, hd)`` tensor in q's dtype to write into (a view, such as the leading rows
+            of a mixed step's output, saves a copy); default a new one.
 
     Returns:
-        ``(B, nh, hd)`` in q's dtype.
+        ``out``, or a new ``(B, nh, hd)`` tensor in q's dtype.
 
     Raises:
         ValueError: shapes, dtypes or strides the kernel cannot take.
@@ -189,8 +192,12 @@ def paged_decode_attention(
     check_dtype("block_tables", block_tables, torch.int32, torch.int64)
     check_dtype("seq_lens", seq_lens, torch.int32, torch.int64)
     check_dtype("q", q, torch.float32, torch.float16, torch.bfloat16)
+    if out is not None:
+        check(out.shape == q.shape and out.dtype == q.dtype, f"out must be {tuple(q.shape)} {q.dtype}")
+        check_last_contiguous("out", out)
     if not can_launch(q, k_cache, v_cache, block_tables, seq_lens):
-        return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        ref = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return ref if out is None else out.copy_(ref)
     check_last_contiguous("q", q)
     check_last_contiguous("block_tables", block_tables)
     check(k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous")
@@ -202,7 +209,8 @@ def paged_decode_attention(
     S = max(1, splits)
     part_out = torch.empty((B, nh, S, hd), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((B, nh, S), dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
     if B == 0:
         return out
     BLOCK_D = next_pow2(hd)

@@ -141,7 +141,7 @@ def _static_mixed(
     new = torch.zeros if q.shape[0] > decode_prefix else torch.empty
     o = new(q.shape, dtype=q.dtype, device=q.device)  # (N, nh, hd)
     if decode_prefix:
-        o[:decode_prefix] = _decode(q[:decode_prefix], k_cache, v_cache, meta, scale)
+        _decode(q[:decode_prefix], k_cache, v_cache, meta, scale, out=o[:decode_prefix])
     _prefill_kernel(q, k_cache, v_cache, pb, o, scale)
     return o
 
@@ -170,10 +170,15 @@ def _prefill_kernel(
 
 
 def _decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: ops.AttentionMetadata, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: ops.AttentionMetadata,
+    scale: float,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if meta.decode_lens is None:
         raise ValueError("the kernel path needs AttentionMetadata.decode_lens")
     D = q.shape[0]
     tables = meta.decode_blocks.view(D, -1)  # (D, Bmax)
-    return paged_decode_attention(q, k_cache, v_cache, tables, meta.decode_lens, scale)
+    return paged_decode_attention(q, k_cache, v_cache, tables, meta.decode_lens, scale, out=out)

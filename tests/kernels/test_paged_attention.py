@@ -80,6 +80,22 @@ def test_paged_decode_attention_matches_reference_over_many_partitions_with_a_pa
     assert torch.equal(out[0].cpu(), torch.zeros_like(out[0].cpu()))
 
 
+def test_paged_decode_attention_writes_into_the_leading_rows_of_a_larger_output(device):
+    """``out`` may be a view (a mixed step's decode rows): those rows get the result, the rest keep their values."""
+    q, kc, vc, tables, sl = _case(device, torch.float32, 2, 4, 16, 4, [3, 29, 40], num_blocks=64)
+    whole = torch.full((5, *q.shape[1:]), 7.0, device=device)
+    got = paged_decode_attention(q, kc, vc, tables, sl, 0.25, out=whole[:3])
+    assert got.data_ptr() == whole.data_ptr()
+    assert torch.equal(whole[:3], paged_decode_attention(q, kc, vc, tables, sl, 0.25))
+    assert torch.equal(whole[3:], torch.full_like(whole[3:], 7.0))
+
+
+def test_paged_decode_attention_rejects_an_out_of_another_shape(device):
+    q, kc, vc, tables, sl = _case(device, torch.float32, 2, 4, 16, 4, [3], num_blocks=16)
+    with pytest.raises(ValueError, match="out must be"):
+        paged_decode_attention(q, kc, vc, tables, sl, 0.25, out=torch.empty(2, *q.shape[1:], device=device))
+
+
 def test_paged_decode_attention_rejects_heads_not_multiple_of_kv_heads(device):
     q, kc, vc, tables, sl = _case(device, torch.float32, 2, 2, 16, 4, [5], num_blocks=8)
     with pytest.raises(ValueError, match="multiple of KV heads"):
