@@ -300,7 +300,9 @@ def main() -> None:
                 row["mbu"] = wbytes * rate / (copy * 1e9)
                 ids[mode] = first
             rows.append(row)
-            print(f"  {mode} batch {b}: {rate:.1f} tok/s; a graph launch takes {host_us:.0f} us of host time", flush=True)
+            print(
+                f"  {mode} batch {b}: {rate:.1f} tok/s; a graph launch takes {host_us:.0f} us of host time", flush=True
+            )
         if a.profile:
             try:
                 prof = step_profile(dec, shape, a.context)

@@ -158,15 +158,26 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return PrefixHit([], 0)
         # NOTE(crossway): at most num_tokens - 1 tokens may hit: the last token must still run
-        # through the model to give the logits of the next one. Blocks are hashed one at a time up
-        # to the first miss: a cold 8k prompt costs one hash here, not 500 on the engine thread.
+        # through the model to give the logits of the next one. Blocks are hashed in doubling
+        # batches (1, 2, 4, ...) up to the first miss: a cold 8k prompt costs one hash here, not
+        # 500 on the engine thread, and a hit of n blocks fewer than 2n + 1 hashes in log2(n) calls:
+        # a 4k hit 0.31 ms on the CPU VM, against 0.72 ms with one call a block
+        # (bench/prefix_lookup_cost.py). Blocks hashed past the miss are the ones the prompt's
+        # chunks would hash anyway when they fill.
         max_blocks = (request.num_tokens - 1) // self.block_size
         blocks: list[KVBlock] = []
-        for i in range(max_blocks):
-            block = self.pool.lookup(request.update_block_hashes(self.block_size, i + 1)[i])
-            if block is None:
+        batch_end = 1
+        while len(blocks) < max_blocks:
+            batch_end = min(max_blocks, batch_end)
+            hashes = request.update_block_hashes(self.block_size, batch_end)
+            for block_hash in hashes[len(blocks) : batch_end]:
+                block = self.pool.lookup(block_hash)
+                if block is None:
+                    break
+                blocks.append(block)
+            if len(blocks) < batch_end:
                 break
-            blocks.append(block)
+            batch_end *= 2
         self.prefix_query_tokens += request.num_tokens
         self.prefix_hit_tokens += len(blocks) * self.block_size
         return PrefixHit(blocks, len(blocks) * self.block_size)

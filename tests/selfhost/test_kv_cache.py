@@ -177,4 +177,4 @@ def test_cold_prompt_is_hashed_up_to_its_first_miss_then_as_its_chunks_are_sched
     twin = make_request("b", 33)
     hit = kv.find_prefix(twin)
     assert hit.num_tokens == 20  # the five cached blocks; the lookup stopped at the sixth
-    assert len(twin.block_hashes) == 6
+    assert len(twin.block_hashes) == 8  # hashed in batches of 1, 2, 4 and 8 blocks
