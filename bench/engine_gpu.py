@@ -147,8 +147,7 @@ def decode_rate(decoder: Decoder, shape: Shape, batch: int, context: int, steps:
     """Decode tok/s of ``batch`` rows over ``steps`` graph replays, the first row's greedy ids, and host us a launch.
 
     The launch time is that of one ``replay`` call made with the device idle (median of 8): the
-    host's cost of launching the step's graph, which a step cannot go below when the host runs
-    nothing else.
+    host's cost of launching one step's graph.
     """
     st = DecodeState(shape, batch, context, steps + 8)
     graph = capture(decoder, st)

@@ -160,7 +160,7 @@ class KVCacheManager:
         # NOTE(crossway): at most num_tokens - 1 tokens may hit: the last token must still run
         # through the model to give the logits of the next one. Blocks are hashed in doubling
         # batches (1, 2, 4, ...) up to the first miss: a cold 8k prompt costs one hash here, not
-        # 500 on the engine thread, and a hit of n blocks fewer than 2n + 1 hashes in log2(n) calls:
+        # 500 on the engine thread, and a hit of n blocks at most 2n + 1 hashes in ~log2(n) calls:
         # a 4k hit 0.31 ms on the CPU VM, against 0.72 ms with one call a block
         # (bench/prefix_lookup_cost.py). Blocks hashed past the miss are the ones the prompt's
         # chunks would hash anyway when they fill.
