@@ -68,12 +68,19 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
     pinned = _CONFIGS.get((kind, m, n, k))
     if pinned is not None:
         return pinned
-    interp = device.type == "cpu"
+    return default_config(kind, m, n, k_iter_cols, group, interp=device.type == "cpu", sms=num_sms(device))
+
+
+def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, interp: bool, sms: int) -> Config:
+    """The default config of a matmul on a device with ``sms`` multiprocessors (``interp``: the CPU interpreter).
+
+    Needs no device, so the sm_90 build check (``tests/kernels/sm90_build.py``) compiles the tiles launched.
+    """
     warps, prefetch = 4, False
     if m <= GEMV_MAX_ROWS or kind == "dense":
         if interp:
             bn, bk = 16, 32
-        elif kind == "dense" and k >= 4096:
+        elif kind == "dense" and k_iter_cols >= 4096:
             # NOTE(h7): the Llama-3-8B shapes on the H100 at batch 1: two rows a program and 2,048-wide
             # K steps over 8 warps won the bench's tuning for qkv, o, gate_up and the LM head (17.7,
             # 12.4, 75.2, 335 us: 2.7-3.1 TB/s); the configs tuned before (4 x 1,024 and 32 x 512 over
@@ -83,7 +90,7 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
             # NOTE(h7): tuned on the H100 over SmolLM2's shapes at batch 1 (K 576 and 1536): narrow
             # tiles and one long K step, 1.8-3.9 us a layer against 3.4-7.1 us for cuBLAS (and 5-14 us
             # for the quantized kernels' 32 x 128 default); more programs, each with one load in flight
-            bn, bk = (8 if n <= 4096 and k <= 1024 else 4), (1024 if k <= 1024 else 512)
+            bn, bk = (8 if n <= 4096 and k_iter_cols <= 1024 else 4), (1024 if k_iter_cols <= 1024 else 512)
             prefetch = True
         elif kind in ("int8", "int8g"):
             # NOTE(h7): the byte-permute GEMV over the 8B shapes: 2 rows x 1,024 columns over 2 warps
@@ -107,7 +114,7 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
         tiles = -(-m // 16) * -(-n // bn)
     # NOTE(h7): split K until the grid holds ~4 waves of programs, but keep >= 4 loop steps each:
     # one wave of long programs leaves the memory system idle at the tail.
-    split, sms = 1, num_sms(device)
+    split = 1
     while tiles * split < 4 * sms and k_iter_cols // (bk * split * 2) >= 4:
         split *= 2
     # NOTE(h7): the first weight tile before the PDL wait took 0.6-2.6 us off each dense and int8

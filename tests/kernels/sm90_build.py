@@ -20,7 +20,10 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from kernels._matmul_launch import Kind
 
 TARGET = ("cuda", 90, 32)
 
@@ -70,37 +73,46 @@ class Case(NamedTuple):
     warps: int = 4
 
 
+def _default(kind: Kind, rows: int, n: int, k_iter: int, group: int) -> tuple[dict[str, Any], int, bool]:
+    """The launcher's default tile of a matmul on the H100 (132 multiprocessors): constexprs, warps, prefetch."""
+    from kernels._matmul_launch import default_config
+
+    cfg = default_config(kind, rows, n, k_iter, group, interp=False, sms=132)
+    return {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}, cfg.num_warps, cfg.prefetch
+
+
 def cases() -> list[Case]:
-    """The variants the launchers use, with their default configs' tile sizes and warps."""
+    """The variants the launchers use, with their default configs' tile sizes and warps (the 8B down projection's)."""
     from kernels import activation, dense_gemv, paged_attention, paged_prefill, quant_matmul, rmsnorm, rope_kv
 
     mm = {"part_ptr": "*fp32", "cnt_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32"}
-    gemv = {"GEMV": True, "BLOCK_M": 16, "DOT_F32": False, "ASM": True, "PDL": True}
-    tiled = {"GEMV": False, "BLOCK_M": 16, "BLOCK_N": 64, "DOT_F32": False, "ASM": False, "PDL": True}
+    gemv = {"GEMV": True, "DOT_F32": False, "ASM": True, "PDL": True}
+    tiled = {"GEMV": False, "DOT_F32": False, "ASM": False, "PDL": True}
+    n, k = 4096, 14336
     out = []
     for g in (0, 128):
         w8 = {**mm, "w_ptr": "*i8"}
-        c = {**gemv, "G": g, "GATED": True, "BLOCK_N": 2, "BLOCK_K": 1024, "PREFETCH": True}
-        out.append(Case(f"int8 gemv G={g}", quant_matmul._int8_kernel, c, w8, 2))
+        kind: Kind = "int8g" if g else "int8"
+        tile, warps, prefetch = _default(kind, 1, n, k, g)
+        c = {**gemv, **tile, "G": g, "GATED": True, "PREFETCH": prefetch}
+        out.append(Case(f"int8 gemv G={g}", quant_matmul._int8_kernel, c, w8, warps))
+        tile, warps, _ = _default(kind, 64, n, k, g)
         out.append(
-            Case(f"int8 tiled G={g}", quant_matmul._int8_kernel, {**tiled, "G": g, "GATED": True, "BLOCK_K": 128}, w8)
+            Case(f"int8 tiled G={g}", quant_matmul._int8_kernel, {**tiled, **tile, "G": g, "GATED": True}, w8, warps)
         )
     w4 = {**mm, "w_ptr": "*u8"}
-    for exact, prefetch in ((False, False), (True, False), (False, True)):
-        c = {**gemv, "G": 128, "GATED": True, "BLOCK_N": 16, "BLOCK_K": 512, "EXACT": exact, "PREFETCH": prefetch}
-        out.append(Case(f"int4 gemv exact={exact} prefetch={prefetch}", quant_matmul._int4_kernel, c, w4, 2))
-    out.append(
-        Case(
-            "int4 tiled",
-            quant_matmul._int4_kernel,
-            {**tiled, "G": 128, "GATED": True, "BLOCK_K": 64, "EXACT": False},
-            w4,
-        )
-    )
+    tile, warps, _ = _default("int4", 1, n, k // 2, 128)
+    for exact, prefetch in ((False, False), (True, False), (False, True)):  # int4 leaves the prefetch to tuning
+        c = {**gemv, **tile, "G": 128, "GATED": True, "EXACT": exact, "PREFETCH": prefetch}
+        out.append(Case(f"int4 gemv exact={exact} prefetch={prefetch}", quant_matmul._int4_kernel, c, w4, warps))
+    tile, warps, _ = _default("int4", 64, n, k // 2, 128)
+    c = {**tiled, **tile, "G": 128, "GATED": True, "EXACT": False}
+    out.append(Case("int4 tiled", quant_matmul._int4_kernel, c, w4, warps))
+    tile, warps, prefetch = _default("dense", 1, n, k, 0)
     for gated in (False, True):
-        c = {**gemv, "GATED": gated, "BLOCK_N": 2, "BLOCK_K": 2048, "PREFETCH": True}
+        c = {**gemv, **tile, "GATED": gated, "PREFETCH": prefetch}
         del c["ASM"]
-        out.append(Case(f"dense gated={gated}", dense_gemv._dense_gemv_kernel, c, mm, 8))
+        out.append(Case(f"dense gated={gated}", dense_gemv._dense_gemv_kernel, c, mm, warps))
     attn = {
         "part_out_ptr": "*fp32",
         "part_lse_ptr": "*fp32",
