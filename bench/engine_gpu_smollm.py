@@ -144,6 +144,25 @@ def offline(engine: LLMEngine, n: int, lo: int, hi: int, seed: int) -> dict[str,
     }
 
 
+def covered_us(spans: list[tuple[float, float]]) -> float:
+    """Time covered by sorted ``(start, end)`` intervals: overlapping kernels (PDL) count once."""
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return busy
+
+
+def top_by_name(events: list[Any], n: int = 15) -> list[dict[str, Any]]:
+    """The ``n`` event names with the largest total duration: count and total us each."""
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(e.name[:70], []).append(e.time_range.end - e.time_range.start)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:n]
+    return [{"name": k, "count": len(v), "total_us": round(sum(v), 1)} for k, v in top]
+
+
 def gpu_busy(engine: LLMEngine, n: int, lo: int, hi: int, seed: int, window: int) -> dict[str, Any]:
     """Share of time the GPU runs kernels while ``n`` requests decode together (an offline-style load).
 
@@ -169,11 +188,7 @@ def gpu_busy(engine: LLMEngine, n: int, lo: int, hi: int, seed: int, window: int
         sync(engine.config.device)
     spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == kind)
     run_all(engine)  # the rest of the load, untimed
-    busy, end = 0.0, float("-inf")
-    for a, b in spans:  # union of intervals: overlapping kernels (PDL) count once
-        if b > end:
-            busy += b - max(a, end)
-            end = b
+    busy = covered_us(spans)
     total = spans[-1][1] - spans[0][0] if spans else 0.0
     return {
         "requests": n,
@@ -255,20 +270,7 @@ def ttft_profile(engine: LLMEngine, prompt_len: int) -> dict[str, Any]:
     kind = DeviceType.CUDA if on_gpu else DeviceType.CPU
     dev = [e for e in events if e.device_type == kind and not e.name.startswith("ttft.")]
     spans = sorted((e.time_range.start, e.time_range.end) for e in dev)
-    busy, end = 0.0, float("-inf")
-    for a, b in spans:
-        if b > end:
-            busy += b - max(a, end)
-            end = b
-    by_name: dict[str, list[float]] = {}
-    for e in dev:
-        by_name.setdefault(e.name[:70], []).append(e.time_range.end - e.time_range.start)
-    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:15]
-    on_host: dict[str, list[float]] = {}
-    for e in events:
-        if on_gpu and e.device_type == DeviceType.CPU and not e.name.startswith("ttft."):
-            on_host.setdefault(e.name[:70], []).append(e.time_range.end - e.time_range.start)
-    top_host = sorted(on_host.items(), key=lambda kv: -sum(kv[1]))[:15]
+    host_calls = [e for e in events if on_gpu and e.device_type == DeviceType.CPU and not e.name.startswith("ttft.")]
     return {
         "prompt_tokens": prompt_len,
         "host_spans_ms": host,
@@ -276,9 +278,9 @@ def ttft_profile(engine: LLMEngine, prompt_len: int) -> dict[str, Any]:
         if spans
         else None,
         "device_events": len(spans),
-        "device_busy_ms": busy / 1e3,
-        "top_device_us": [{"name": k, "count": len(v), "total_us": round(sum(v), 1)} for k, v in top],
-        "top_host_us": [{"name": k, "count": len(v), "total_us": round(sum(v), 1)} for k, v in top_host],
+        "device_busy_ms": covered_us(spans) / 1e3,
+        "top_device_us": top_by_name(dev),
+        "top_host_us": top_by_name(host_calls),
     }
 
 

@@ -1,7 +1,8 @@
 """GPU probe: the split-KV prefill merge (``kernels.paged_prefill``) against the per-split loop it replaced.
 
-Times ``_prefill_merge_kernel`` alone (20 launches a CUDA graph, no PDL) at the shapes the engine
-gives it, for every heads-per-program and warps choice, beside the earlier kernel, which walked
+Times ``_prefill_merge_kernel`` alone (20 launches a CUDA graph, median of 5 replays, no PDL) at
+the shapes the engine gives it, for every heads-per-program and warps choice, beside the earlier
+kernel, which walked
 the splits in a loop (two dependent L2 round trips per split) over one program per row and
 sequence slot. Shapes: SmolLM2 (9 heads of 64) and Llama-3-8B (32 of 128) at a prefix hit's
 16-row tail with 32 splits, and mixed steps of 256 and 512 rows whose first 128 are decode rows.
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from bench.engine_gpu import graph_time_ms
 from kernels import paged_prefill
 from kernels._common import next_pow2, tl, triton
 
@@ -71,23 +73,9 @@ if triton is not None:
             )
 
 
-def graph_us(fn: Callable[[], object], launches: int = 200) -> float:
-    """Mean device time of one ``fn`` launch, replayed from CUDA graphs of 20 launches each."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(20):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(launches // 20):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / launches
+def graph_us(fn: Callable[[], object], launches: int = 20) -> float:
+    """Device us of one ``fn`` launch: ``launches`` of them in one CUDA graph (``bench.engine_gpu.graph_time_ms``)."""
+    return graph_time_ms(lambda: [fn() for _ in range(launches)]) / launches * 1e3
 
 
 def case(n: int, s: int, nh: int, hd: int, d0: int) -> dict[str, float]:

@@ -120,7 +120,7 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
     # NOTE(h7): the first weight tile before the PDL wait took 0.6-2.6 us off each dense and int8
     # GEMV of the 8B shapes on the H100; the int4 GEMV's larger shapes lost up to 15 us to it (its
     # registers doubled), so int4 leaves it to tuning
-    return Config(path, bn, bk, split, num_warps=warps, prefetch=prefetch and path == "gemv")
+    return Config(path, bn, bk, split, num_warps=warps, prefetch=prefetch)
 
 
 if triton is not None:

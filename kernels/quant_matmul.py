@@ -304,7 +304,8 @@ if triton is not None:
         HI_GROUPS = K2 // G  # group index offset of the high half
         if GEMV:
             # NOTE(h7): PREFETCH peels the first step, which doubled this kernel's registers (16 x 512
-            # bytes, 2 warps: 127 -> 254 a thread, ptxas): on the H100's 8B shapes qkv 10.2 -> 9.2 us and
+            # bytes, 2 warps: 127 -> 254 a thread, 168 -> 255 with SiLU-and-mul on the loads; ptxas):
+            # on the H100's 8B shapes qkv 10.2 -> 9.2 us and
             # o 7.5 -> 7.1, but gate_up 27.0 -> 30.0, down 19.7 -> 20.6, LM head 104.8 -> 120.2
             NG: tl.constexpr = BLOCK_K // G  # groups per step and half
             w_ptrs = w_ptr + rn[:, None] * sw_n
