@@ -65,94 +65,31 @@ if triton is not None:
             return w.to(tl.float32)
 
     @triton.jit
-    def _int8_mantissa_f32(w, ASM: tl.constexpr):
-        """``1 + (w + 128) / 32768`` of an int8 tensor, exactly, with no FP op.
-
-        The biased byte goes to mantissa bits 8-15 of 1.0 (one byte permute each; the XOR that
-        biases 4 bytes is shared). Products with bf16 activations keep 15 bits below the byte, so the
-        bias comes off per accumulator lane after the loop (``_int8_gemv_step``), not per weight:
-        one FFMA a weight where ``_int8_to_f32`` needs an FADD and an FFMA.
-        """
-        if ASM:
-            bits = tl.inline_asm_elementwise(
-                asm="""{
-                .reg .b32 t, m;
-                xor.b32 t, $4, 0x80808080;
-                mov.b32 m, 0x3F800000;
-                prmt.b32 $0, t, m, 0x7604;
-                prmt.b32 $1, t, m, 0x7614;
-                prmt.b32 $2, t, m, 0x7624;
-                prmt.b32 $3, t, m, 0x7634;
-                }""",
-                constraints="=r,=r,=r,=r,r",
-                args=[w],
-                dtype=tl.int32,
-                is_pure=True,
-                pack=4,
-            )
-        else:
-            bits = ((w.to(tl.int32) + 128) << 8) | 0x3F800000
-        return bits.to(tl.float32, bitcast=True)
-
-    @triton.jit
     def _int8_gemv_step(
-        acc2,
-        xs,
-        w,
-        k0,
-        x_row,
-        K,
-        s_ptr,
-        rn,
-        ss_n,
-        nmask,
-        G: tl.constexpr,
-        GATED: tl.constexpr,
-        EXACT: tl.constexpr,
-        ASM: tl.constexpr,
+        acc2, w, k0, x_row, K, s_ptr, rn, ss_n, nmask, G: tl.constexpr, GATED: tl.constexpr, ASM: tl.constexpr
     ):
         """One K step of the int8 GEMV at ``k0``: ``w`` is its ``(BLOCK_N, BLOCK_K)`` weight tile.
 
         ``acc2`` is ``(BLOCK_N, BLOCK_K)`` products (per-row scale, applied after the loop) or, with
-        groups, ``(BLOCK_N, BLOCK_K / G)`` scaled group sums. Returns it and ``xs``, the
-        ``(BLOCK_K,)`` lane sums of x.
-
-        EXACT (fp32 activations): exact products of ``q`` and x. Otherwise the weight is
-        ``f = 1 + (q + 128) / 32768`` (``_int8_mantissa_f32``) and the lanes sum ``f x``; per lane,
-        ``sum(q x) = 32768 (sum(f x) - sum(x)) - 128 sum(x)``, taken per group here or, per channel,
-        once after the loop (``_int8_lanes``). NOTE(h7): the bias comes off per lane, where the sums
-        are short (K / BLOCK_K terms, or G): a sum over all of K first would cancel
-        ``32768 sum(x)`` against ``32768 sum(f x)`` at K's magnitude.
+        groups, ``(BLOCK_N, BLOCK_K / G)`` scaled group sums.
         """
         BLOCK_N: tl.constexpr = w.shape[0]
         BLOCK_K: tl.constexpr = w.shape[1]
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
         x = _load_x(x_row + rk, kmask, K, GATED).to(tl.float32)  # (BLOCK_K,)
-        f = _int8_to_f32(w, ASM) if EXACT else _int8_mantissa_f32(w, ASM)  # q exactly, or 1 + (q + 128) / 32768
-        qx = f * x[None, :]  # (BLOCK_N, BLOCK_K)
+        qx = _int8_to_f32(w, ASM) * x[None, :]  # (BLOCK_N, BLOCK_K), exact products
         # NOTE(h7): one return at the end: the compiler visits code after an early one (the interpreter does not)
         if G == 0:
             acc2 += qx
-            xs += x
         else:
             NG: tl.constexpr = BLOCK_K // G
             t = tl.sum(tl.reshape(qx, (BLOCK_N, NG, G)), axis=2)  # (BLOCK_N, NG)
-            if not EXACT:
-                xg = tl.sum(tl.reshape(x, (NG, G)), axis=1)[None, :]  # (1, NG)
-                t = 32768.0 * (t - xg) - 128.0 * xg
             rg = k0 // G + tl.arange(0, NG)
             gmask = nmask[:, None] & (rg < K // G)[None, :]
             sg = tl.load(s_ptr + rn[:, None] * ss_n + rg[None, :], mask=gmask, other=0.0).to(tl.float32)
             acc2 += sg * t
-        return acc2, xs
-
-    @triton.jit
-    def _int8_lanes(acc2, xs, G: tl.constexpr, EXACT: tl.constexpr):
-        """``(1, BLOCK_N)`` row sums of the GEMV's lanes, per-channel bias off (``_int8_gemv_step``)."""
-        if G == 0 and not EXACT:
-            acc2 = 32768.0 * (acc2 - xs[None, :]) - 128.0 * xs[None, :]
-        return tl.sum(acc2, axis=1)[None, :]
+        return acc2
 
     @triton.jit
     def _int8_kernel(
@@ -178,7 +115,6 @@ if triton is not None:
         BLOCK_N: tl.constexpr,  # output columns per program
         BLOCK_K: tl.constexpr,  # K per loop step: with G, GEMV a multiple of G, tiled a divisor of G
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
-        EXACT: tl.constexpr = False,  # GEMV: fp32 activations, exact products (else the bias trick of _int8_gemv_step)
         ASM: tl.constexpr = False,  # GEMV: convert the weight bytes with inline PTX (compiled kernels only)
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
@@ -195,21 +131,19 @@ if triton is not None:
             NG: tl.constexpr = BLOCK_K // G if G > 0 else 1  # groups per step
             w_ptrs = w_ptr + rn[:, None] * sw_n
             k_lo = ks * K_SPLIT
-            x_row = x_ptr + rm * sx_m
             acc2 = tl.zeros((BLOCK_N, BLOCK_K if G == 0 else NG), tl.float32)
-            xs = tl.zeros((BLOCK_K,), tl.float32)
             if PREFETCH:  # see _dense_gemv_kernel
                 rk = k_lo + tl.arange(0, BLOCK_K)
                 w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
             pdl_enter(PDL)
             if PREFETCH:
-                acc2, xs = _int8_gemv_step(acc2, xs, w, k_lo, x_row, K, s_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
+                acc2 = _int8_gemv_step(acc2, w, k_lo, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
             k_first = k_lo + BLOCK_K * PREFETCH
             for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
                 w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
-                acc2, xs = _int8_gemv_step(acc2, xs, w, k0, x_row, K, s_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
-            acc = _int8_lanes(acc2, xs, G, EXACT)  # (1, BLOCK_N)
+                acc2 = _int8_gemv_step(acc2, w, k0, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
+            acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
             pdl_enter(PDL)
             acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -495,9 +429,8 @@ def int8_matmul(
         _check_step(group_size, cfg)
     x, gated = _ungate_if_tiled(x, cfg, gated)
     strides = (x.stride(0), qweight.stride(0), scales.stride(0) if group_size else 0)
-    exact = x.dtype == torch.float32
     asm = x.is_cuda and not interpreting()
-    return launch(_int8_kernel, x, n, k, cfg, (qweight, scales), strides, gated, G=group_size, EXACT=exact, ASM=asm)
+    return launch(_int8_kernel, x, n, k, cfg, (qweight, scales), strides, gated, G=group_size, ASM=asm)
 
 
 def int4_matmul(

@@ -94,12 +94,12 @@ def cases() -> list[Case]:
         w8 = {**mm, "w_ptr": "*i8"}
         kind: Kind = "int8g" if g else "int8"
         tile, warps, prefetch = _default(kind, 1, n, k, g)
-        for exact in (False, True):
-            c = {**gemv, **tile, "G": g, "GATED": True, "EXACT": exact, "PREFETCH": prefetch}
-            out.append(Case(f"int8 gemv G={g} exact={exact}", quant_matmul._int8_kernel, c, w8, warps))
+        c = {**gemv, **tile, "G": g, "GATED": True, "PREFETCH": prefetch}
+        out.append(Case(f"int8 gemv G={g}", quant_matmul._int8_kernel, c, w8, warps))
         tile, warps, _ = _default(kind, 64, n, k, g)
-        c = {**tiled, **tile, "G": g, "GATED": True, "EXACT": False}
-        out.append(Case(f"int8 tiled G={g}", quant_matmul._int8_kernel, c, w8, warps))
+        out.append(
+            Case(f"int8 tiled G={g}", quant_matmul._int8_kernel, {**tiled, **tile, "G": g, "GATED": True}, w8, warps)
+        )
     w4 = {**mm, "w_ptr": "*u8"}
     tile, warps, _ = _default("int4", 1, n, k // 2, 128)
     for exact, prefetch in ((False, False), (True, False), (False, True)):  # int4 leaves the prefetch to tuning
