@@ -211,44 +211,6 @@ if triton is not None:
         return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _nibbles_biased(b, ASM: tl.constexpr):
-        """``(128 + lo, 128 + hi)`` of each byte of a uint8 tensor, exactly: bf16 with ASM, else fp32.
-
-        For ``tl.dot``: the tensor cores multiply the biased nibbles exactly, and the scale, zero
-        and bias come off per group after the dot (``_int4_kernel``'s tiled path). With ASM, a
-        byte permute spreads two bytes over the halves of a register, and one AND-OR (under a shift
-        for the high nibbles) makes two bf16 of ``128 + q`` (exponent 2^7, q in the mantissa): one
-        integer op a weight, where dequantizing each weight in fp32 and rounding it to bf16 took
-        four or five and lost bits of the weight.
-        """
-        if ASM:
-            lo, hi = tl.inline_asm_elementwise(
-                asm="""{
-                .reg .b32 t0, t1, u0, u1, m, c;
-                mov.b32 m, 0x000F000F;
-                mov.b32 c, 0x43004300;
-                prmt.b32 t0, $4, 0, 0x4140;
-                prmt.b32 t1, $4, 0, 0x4342;
-                shr.u32 u0, t0, 4;
-                shr.u32 u1, t1, 4;
-                lop3.b32 $0, t0, m, c, 0xEA;
-                lop3.b32 $1, t1, m, c, 0xEA;
-                lop3.b32 $2, u0, m, c, 0xEA;
-                lop3.b32 $3, u1, m, c, 0xEA;
-                }""",
-                constraints="=r,=r,=r,=r,r",
-                args=[b],
-                dtype=(tl.bfloat16, tl.bfloat16),
-                is_pure=True,
-                pack=4,
-            )
-        else:
-            w = b.to(tl.int32)
-            lo = (w & 0xF).to(tl.float32) + 128.0
-            hi = (w >> 4).to(tl.float32) + 128.0
-        return lo, hi
-
-    @triton.jit
     def _int4_gemv_step(
         acc2,
         b,
@@ -369,29 +331,29 @@ if triton is not None:
                 rk = k0 + tl.arange(0, BLOCK_K)
                 kmask = rk < K2
                 b = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
+                b = b.to(tl.int32)
                 g_off = rn * ss_n + k0 // G  # one group per step and half: BLOCK_K divides G
                 # NOTE(h7): a last split's steps past K read no scale: one out of bounds may hold a
                 # NaN, and NaN * (x = 0) poisons the whole row (seen on the H100 with GGUF weights)
                 gmask = nmask & (k0 < K2)
-                s_lo = tl.load(s_ptr + g_off, mask=gmask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_N)
-                z_lo = tl.load(z_ptr + g_off, mask=gmask, other=0.0).to(tl.float32)[None, :]
-                s_hi = tl.load(s_ptr + g_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)[None, :]
-                z_hi = tl.load(z_ptr + g_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)[None, :]
+                s_lo = tl.load(s_ptr + g_off, mask=gmask, other=0.0).to(tl.float32)[:, None]
+                z_lo = tl.load(z_ptr + g_off, mask=gmask, other=0.0).to(tl.float32)[:, None]
+                s_hi = tl.load(s_ptr + g_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)[:, None]
+                z_hi = tl.load(z_ptr + g_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)[:, None]
                 xmask = mmask[:, None] & kmask[None, :]
-                x_lo = _load_x(x_ptr + rm[:, None] * sx_m + rk[None, :], xmask, 2 * K2, GATED)  # (BLOCK_M, BLOCK_K)
+                x_lo = _load_x(x_ptr + rm[:, None] * sx_m + rk[None, :], xmask, 2 * K2, GATED)
                 x_hi = _load_x(x_ptr + rm[:, None] * sx_m + K2 + rk[None, :], xmask, 2 * K2, GATED)
-                q_lo, q_hi = _nibbles_biased(b, ASM)  # (BLOCK_N, BLOCK_K): 128 + q
+                # the nibble in mantissa bits 19-22 of 1.0: f = 1 + q / 16, so w = 16 s f + z - 24 s (no I2F)
+                f_lo = (((b << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                f_hi = (((b << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                w_lo = f_lo * (16.0 * s_lo) + (z_lo - 24.0 * s_lo)  # (BLOCK_N, BLOCK_K)
+                w_hi = f_hi * (16.0 * s_hi) + (z_hi - 24.0 * s_hi)
                 if DOT_F32:
-                    d_lo = tl.dot(x_lo.to(tl.float32), tl.trans(q_lo.to(tl.float32)), input_precision="ieee")
-                    d_hi = tl.dot(x_hi.to(tl.float32), tl.trans(q_hi.to(tl.float32)), input_precision="ieee")
+                    acc += tl.dot(x_lo.to(tl.float32), tl.trans(w_lo), input_precision="ieee")  # not tf32
+                    acc += tl.dot(x_hi.to(tl.float32), tl.trans(w_hi), input_precision="ieee")
                 else:
-                    d_lo = tl.dot(x_lo, tl.trans(q_lo.to(x_lo.dtype)))  # (BLOCK_M, BLOCK_N)
-                    d_hi = tl.dot(x_hi, tl.trans(q_hi.to(x_hi.dtype)))
-                # per group, sum(((q - 8) s + z) x) = s (sum((128 + q) x) - 136 sum(x)) + z sum(x)
-                xs_lo = tl.sum(x_lo.to(tl.float32), axis=1)[:, None]  # (BLOCK_M, 1)
-                xs_hi = tl.sum(x_hi.to(tl.float32), axis=1)[:, None]
-                acc += s_lo * (d_lo - 136.0 * xs_lo) + z_lo * xs_lo
-                acc += s_hi * (d_hi - 136.0 * xs_hi) + z_hi * xs_hi
+                    acc += tl.dot(x_lo, tl.trans(w_lo.to(x_lo.dtype)))
+                    acc += tl.dot(x_hi, tl.trans(w_hi.to(x_hi.dtype)))
         _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
 
 
