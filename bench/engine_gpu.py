@@ -93,10 +93,11 @@ def candidates(kind: Literal["int8", "int4", "dense"], m: int, group: int) -> li
         return out
     tiled_bks = (64, 128) if kind == "int8" else tuple(b for b in (32, 64, 128) if group % b == 0)
     for bm in (16, 32, 64) if m > 16 else (16,):
-        for bn in (32, 64, 128):
+        for bn in (32, 64, 128) if m > 16 else (32, 64, 128, 256):
             for bk in tiled_bks:
-                for split in (1, 2, 4):
-                    out.append(Config("tiled", bn, bk, split, num_warps=4, block_m=bm))
+                for split in (1, 2, 4) if m > 16 else (1, 2, 4, 8, 16):
+                    for warps in (4,) if m > 16 else (4, 8):
+                        out.append(Config("tiled", bn, bk, split, num_warps=warps, block_m=bm))
     return out
 
 
@@ -125,6 +126,7 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]]) -> 
                 continue  # cuBLAS: nothing of ours to tune
             x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
             best: tuple[float, Config] | None = None
+            by_path: dict[str, float] = {}  # each path's best time, ms
             for cfg in candidates(kind, m, ws[0].group):
                 quant_matmul.set_config(kind, m, n, k, cfg)
                 try:
@@ -134,13 +136,24 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]]) -> 
                     continue
                 if best is None or ms < best[0]:
                     best = (ms, cfg)
+                by_path[cfg.path] = min(ms, by_path.get(cfg.path, ms))
             assert best is not None
             quant_matmul.set_config(kind, m, n, k, best[1])
             gbs = ws[0].nbytes / best[0] / 1e6
             log.append(
-                {"kind": kind, "m": m, "n": n, "k": k, "ms": best[0], "weight_gbs": gbs, "config": asdict(best[1])}
+                {
+                    "kind": kind,
+                    "m": m,
+                    "n": n,
+                    "k": k,
+                    "ms": best[0],
+                    "weight_gbs": gbs,
+                    "config": asdict(best[1]),
+                    "by_path_ms": by_path,
+                }
             )
-            print(f"  tuned {kind} m={m} {n}x{k}: {best[0] * 1e3:.1f} us, {gbs:.0f} GB/s, {best[1]}", flush=True)
+            paths = ", ".join(f"{p} {t * 1e3:.1f}" for p, t in by_path.items())
+            print(f"  tuned {kind} m={m} {n}x{k}: {best[0] * 1e3:.1f} us, {gbs:.0f} GB/s, {best[1]} (best by path, us: {paths})", flush=True)  # fmt: skip
 
 
 def decode_rate(decoder: Decoder, shape: Shape, batch: int, context: int, steps: int) -> tuple[float, list[int], float]:

@@ -87,7 +87,7 @@ def cases() -> list[Case]:
 
     mm = {"part_ptr": "*fp32", "cnt_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32"}
     gemv = {"GEMV": True, "DOT_F32": False, "ASM": True, "PDL": True}
-    tiled = {"GEMV": False, "DOT_F32": False, "ASM": False, "PDL": True}
+    tiled = {"GEMV": False, "DOT_F32": False, "ASM": True, "PDL": True}
     n, k = 4096, 14336
     out = []
     for g in (0, 128):
