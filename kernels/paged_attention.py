@@ -4,11 +4,10 @@
 GQA-aware: a program owns one KV head and all the query heads that share it, so each key and value
 tile is read once for the whole group. Split-KV: each context is cut into ``splits`` equal runs of
 whole key tiles, sized on the device from the sequence's own length, each reduced by its own
-program to a partial output and log-sum-exp; the last of a (sequence, KV head)'s programs to
-finish merges them in the same launch. This keeps the GPU busy at small batches, over short
-contexts as over long ones, with one launch a layer.
+program to a partial output and log-sum-exp, and a second kernel merges them; this keeps the GPU
+busy at small batches, over short contexts as over long ones.
 
-Owns the Triton kernel and the launcher; semantics are
+Owns the two Triton kernels and the launcher; semantics are
 ``kernels.reference.paged_decode_attention``, which the launcher falls back to where no kernel can
 run. Does not own prefill attention (multi-token queries), nor the block tables themselves.
 """
@@ -21,7 +20,6 @@ import torch
 
 from kernels import reference
 from kernels._common import (
-    arrival_counters,
     can_launch,
     check,
     check_dtype,
@@ -46,16 +44,12 @@ if triton is not None:
         lens_ptr,  # (B,) context lengths
         part_out_ptr,  # (B, NH, S, HD) fp32 partial outputs, normalised within the partition
         part_lse_ptr,  # (B, NH, S) fp32 partial log2-sum-exp2, -inf for an empty partition
-        out_ptr,  # (B, NH, HD) output
-        cnt_ptr,  # (B * NKV,) arrival counters, zero between launches
         sq_b,  # q strides: batch, head
         sq_h,
         sc_blk,  # cache strides: block, token-in-block, head
         sc_tok,
         sc_h,
         st_b,  # block table row stride
-        so_b,  # out strides: batch, head
-        so_h,
         scale_log2,  # softmax scale * log2(e)
         S,  # partitions per sequence
         G: tl.constexpr,  # query heads per KV head
@@ -64,7 +58,6 @@ if triton is not None:
         BLOCK_G: tl.constexpr,  # power of two >= max(G, 16): rows of the tl.dot
         BLOCK_D: tl.constexpr,  # power of two >= HD
         BLOCK_N: tl.constexpr,  # context tokens per loop step
-        BLOCK_S: tl.constexpr,  # power of two >= S
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32 (the CPU interpreter needs it)
         PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" keeps fp32 inputs off tf32
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
@@ -117,34 +110,37 @@ if triton is not None:
                 m = m_new
             tl.store(part_out_ptr + out_off, acc / lsum[:, None], mask=gmask[:, None] & dmask)
             tl.store(part_lse_ptr + lse_off, m + tl.log2(lsum), mask=gmask)
-        # NOTE(h7): every thread's partial stores must precede the release of the arrival
-        tl.debug_barrier()
-        pair = b * tl.num_programs(1) + kvh
-        arrived = tl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel")
-        if arrived == S - 1:  # the last of this (sequence, KV head)'s programs merges its heads
-            for gi in tl.static_range(G):
-                h = kvh * G + gi
-                base = (b * G * tl.num_programs(1) + h) * S
-                _merge_head(part_out_ptr, part_lse_ptr, base, S, out_ptr + b * so_b + h * so_h, HD, BLOCK_S, BLOCK_D)
-            tl.atomic_xchg(cnt_ptr + pair, 0)
 
     @triton.jit
-    def _merge_head(
-        part_out_ptr, part_lse_ptr, base, S, o_ptr, HD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr
+    def _decode_reduce_kernel(
+        part_out_ptr,  # (B, NH, S, HD) fp32 partial outputs
+        part_lse_ptr,  # (B, NH, S) fp32 partial log2-sum-exp2
+        out_ptr,  # (B, NH, HD) output
+        so_b,  # out strides: batch, head
+        so_h,
+        S,  # partitions per sequence
+        NH: tl.constexpr,  # query heads
+        HD: tl.constexpr,  # head dim
+        BLOCK_S: tl.constexpr,  # power of two >= S
+        BLOCK_D: tl.constexpr,  # power of two >= HD
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        """Write one head's output at ``o_ptr``: its S partials (from ``base``) weighted by their sums, in split order."""
+        pdl_enter(PDL)
+        b = tl.program_id(0)
+        h = tl.program_id(1)
         s = tl.arange(0, BLOCK_S)
         d = tl.arange(0, BLOCK_D)
         smask = s < S
-        # .cg: other multiprocessors wrote these; skip this one's L1
-        lse = tl.load(part_lse_ptr + base + s, mask=smask, other=float("-inf"), cache_modifier=".cg")
+        base = (b * NH + h) * S
+        lse = tl.load(part_lse_ptr + base + s, mask=smask, other=float("-inf"))
         gmax = tl.max(lse, axis=0)
         gmax = tl.where(gmax == float("-inf"), 0.0, gmax)  # an empty context: keep -inf - -inf (NaN) out
         w = tl.exp2(lse - gmax)  # (BLOCK_S,); zero for empty partitions
-        omask = smask[:, None] & (d < HD)[None, :]
-        o = tl.load(part_out_ptr + (base + s)[:, None] * HD + d[None, :], mask=omask, other=0.0, cache_modifier=".cg")
-        out = tl.sum(o * w[:, None], axis=0) / tl.maximum(tl.sum(w, axis=0), 1e-30)  # (BLOCK_D,)
-        tl.store(o_ptr + d, out.to(o_ptr.dtype.element_ty), mask=d < HD)
+        o = tl.load(
+            part_out_ptr + (base + s)[:, None] * HD + d[None, :], mask=smask[:, None] & (d < HD)[None, :], other=0.0
+        )
+        out = tl.sum(o * w[:, None], axis=0) / tl.maximum(tl.sum(w, axis=0), 1e-30)
+        tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=d < HD)
 
 
 def paged_decode_attention(
@@ -226,16 +222,12 @@ def paged_decode_attention(
         seq_lens,
         part_out,
         part_lse,
-        out,
-        arrival_counters(q.device, B * nkv),
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
         scale * math.log2(math.e),
         S,
         G=G,
@@ -244,9 +236,22 @@ def paged_decode_attention(
         BLOCK_G=max(16, next_pow2(G)),
         BLOCK_D=BLOCK_D,
         BLOCK_N=BLOCK_N,
-        BLOCK_S=next_pow2(S),
         DOT_F32=dot_in_fp32() or q.dtype == torch.float32,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4,
+        **pdl_args(q),
+    )
+    _decode_reduce_kernel[(B, nh)](
+        part_out,
+        part_lse,
+        out,
+        out.stride(0),
+        out.stride(1),
+        S,
+        NH=nh,
+        HD=hd,
+        BLOCK_S=next_pow2(S),
+        BLOCK_D=BLOCK_D,
         num_warps=4,
         **pdl_args(q),
     )

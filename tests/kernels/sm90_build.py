@@ -116,7 +116,6 @@ def cases() -> list[Case]:
     attn = {
         "part_out_ptr": "*fp32",
         "part_lse_ptr": "*fp32",
-        "cnt_ptr": "*i32",
         "table_ptr": "*i32",
         "lens_ptr": "*i32",
         "scale_log2": "fp32",
@@ -129,12 +128,13 @@ def cases() -> list[Case]:
             "BLOCK_G": 16,
             "BLOCK_D": hd,
             "BLOCK_N": 64,
-            "BLOCK_S": 32,
             "DOT_F32": False,
             "PRECISION": "tf32",
             "PDL": True,
         }
-        out.append(Case(f"decode split + merge G={g} hd={hd}", paged_attention._decode_split_kernel, c, attn))
+        out.append(Case(f"decode split G={g} hd={hd}", paged_attention._decode_split_kernel, c, attn))
+    c = {"NH": 32, "HD": 128, "BLOCK_S": 32, "BLOCK_D": 128, "PDL": True}
+    out.append(Case("decode reduce", paged_attention._decode_reduce_kernel, c, attn))
     pre = {**attn, "qstart_ptr": "*i32", "qlen_ptr": "*i32", "slen_ptr": "*i32"}
     for split in (False, True):
         c = {
