@@ -92,11 +92,12 @@ def candidates(kind: Literal["int8", "int4", "dense"], m: int, group: int) -> li
     if kind == "dense":
         return out
     tiled_bks = (64, 128) if kind == "int8" else tuple(b for b in (32, 64, 128) if group % b == 0)
-    for bm in (16, 32, 64) if m > 16 else (16,):
-        for bn in (32, 64, 128) if m > 16 else (32, 64, 128, 256):
+    few = m <= 16  # one row tile: wider tiles, deeper split-K and 8 warps fill the GPU instead
+    for bm in (16,) if few else (16, 32, 64):
+        for bn in (32, 64, 128, 256) if few else (32, 64, 128):
             for bk in tiled_bks:
-                for split in (1, 2, 4) if m > 16 else (1, 2, 4, 8, 16):
-                    for warps in (4,) if m > 16 else (4, 8):
+                for split in (1, 2, 4, 8, 16) if few else (1, 2, 4):
+                    for warps in (4, 8) if few else (4,):
                         out.append(Config("tiled", bn, bk, split, num_warps=warps, block_m=bm))
     return out
 
