@@ -82,7 +82,7 @@ def candidates(kind: Literal["int8", "int4", "dense"], m: int, group: int) -> li
                         out += [Config("gemv", bn, bk, split, num_warps=warps, prefetch=pf) for pf in (False, True)]
     elif m <= 4 or kind == "dense":  # the dense kind has only the GEMV (bigger batches run cuBLAS)
         for bn in (2, 4, 8, 16, 32, 64):
-            for bk in (512, 1024, 2048):
+            for bk in (512, 1024, 2048, 4096):
                 for warps in (1, 2, 4, 8):
                     # the (bn, bk) fp32 accumulator spills past 64 a thread; under 4 a thread wastes lanes
                     if not 4 * 32 * warps <= bn * bk <= 64 * 32 * warps:
@@ -107,8 +107,11 @@ def _run_all(ws: list[QLinear], x: torch.Tensor, gated: bool) -> None:
         w(x, gated)
 
 
-def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]]) -> None:
+def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]], *, search: bool = True) -> None:
     """Pin, for every linear shape and batch, the fastest config over all the model's copies of that layer.
+
+    Every shape's default config (the one the engine launches) is timed first; without ``search``,
+    that is all (nothing is pinned).
 
     NOTE(h7): each candidate is timed over the 32 layers' distinct weights in turn, so the weights
     stream from HBM as in a real step instead of sitting in the 50 MB L2, and inside a CUDA graph,
@@ -126,12 +129,25 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]]) -> 
             if kind == "dense" and m > MODEL_ROWS:
                 continue  # cuBLAS: nothing of ours to tune
             x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
+            quant_matmul.set_config(kind, m, n, k, None)  # the launcher's default, as the engine runs it
+            run = partial(_run_all, ws, x, gated)
+            # NOTE(h7): timed twice, the first discarded: a shape's first timing (after the compile)
+            # read 2-3 us high on the H100 for every format (2026-11-26)
+            first_ms = graph_time_ms(run, repeats=3) / len(ws)
+            default_ms = graph_time_ms(run, repeats=3) / len(ws)
+            if not search:
+                log.append({"kind": kind, "m": m, "n": n, "k": k, "default_ms": default_ms, "first_ms": first_ms})
+                print(
+                    f"  default {kind} m={m} {n}x{k}: {default_ms * 1e3:.1f} us (first {first_ms * 1e3:.1f})",
+                    flush=True,
+                )
+                continue
             best: tuple[float, Config] | None = None
             by_path: dict[str, float] = {}  # each path's best time, ms
             for cfg in candidates(kind, m, ws[0].group):
                 quant_matmul.set_config(kind, m, n, k, cfg)
                 try:
-                    ms = graph_time_ms(partial(_run_all, ws, x, gated), repeats=3) / len(ws)
+                    ms = graph_time_ms(run, repeats=3) / len(ws)
                 except Exception as exc:  # noqa: BLE001 (a config the compiler rejects is skipped)
                     log.append({"kind": kind, "m": m, "n": n, "k": k, "config": asdict(cfg), "error": repr(exc)[:200]})
                     continue
@@ -151,10 +167,12 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]]) -> 
                     "weight_gbs": gbs,
                     "config": asdict(best[1]),
                     "by_path_ms": by_path,
+                    "default_ms": default_ms,
+                    "first_ms": first_ms,
                 }
             )
             paths = ", ".join(f"{p} {t * 1e3:.1f}" for p, t in by_path.items())
-            print(f"  tuned {kind} m={m} {n}x{k}: {best[0] * 1e3:.1f} us, {gbs:.0f} GB/s, {best[1]} (best by path, us: {paths})", flush=True)  # fmt: skip
+            print(f"  tuned {kind} m={m} {n}x{k}: {best[0] * 1e3:.1f} us, {gbs:.0f} GB/s, {best[1]} (best by path, us: {paths}; default {default_ms * 1e3:.1f})", flush=True)  # fmt: skip
 
 
 def decode_rate(decoder: Decoder, shape: Shape, batch: int, context: int, steps: int) -> tuple[float, list[int], float]:
@@ -270,6 +288,11 @@ def main() -> None:
     p.add_argument("--json", default="")
     p.add_argument("--profile", action="store_true", help="kernel times of one batch-1 step per format")
     p.add_argument("--no-pdl", action="store_true", help="launch the kernels without programmatic dependent launch")
+    p.add_argument(
+        "--no-tune",
+        action="store_true",
+        help="time the launchers' default configs only (a quick A/B of a kernel change)",
+    )
     a = p.parse_args()
     set_pdl(not a.no_pdl)
     shape = SHAPES[a.shape]
@@ -283,6 +306,7 @@ def main() -> None:
         "steps": a.steps,
         "group_size": a.group,
         "pdl": not a.no_pdl,
+        "tuned": not a.no_tune,
         "date": time.strftime("%Y-%m-%d"),
     }
     import triton
@@ -304,7 +328,7 @@ def main() -> None:
         )
         mode_batches = batches if mode != "int8" else [1]
         if mode != "cublas":
-            tune(dec, mode_batches, tuning)
+            tune(dec, mode_batches, tuning, search=not a.no_tune)
         for b in mode_batches:
             rate, first, host_us = decode_rate(dec, shape, b, a.context, a.steps)
             row: dict[str, object] = {"mode": mode, "batch": b, "tok_s": rate, "weight_gb": wbytes / 1e9}

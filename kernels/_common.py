@@ -118,7 +118,8 @@ def pdl_args(t: torch.Tensor) -> dict[str, bool]:
     the stream is still running; it waits in ``pdl_enter`` until that kernel has finished and its
     writes are visible. What it saves is the launch latency between two kernels (a few
     microseconds), which is most of the time of the small kernels of a batch-1 decode step. Every
-    kernel launched with these arguments must call ``pdl_enter(PDL)`` before it touches memory.
+    kernel launched with these arguments must call ``pdl_enter(PDL)`` before it writes memory or
+    reads anything an earlier kernel writes; weights (and norm weights, scales) may load before it.
     """
     if _PDL["enabled"] and t.is_cuda and not _INTERPRET and _cc_major(t.device.index or 0) >= 9:
         return {"PDL": True, "launch_pdl": True}
@@ -164,10 +165,11 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def pdl_enter(PDL: tl.constexpr):  # type: ignore[no-untyped-def]
-        """First statement of a kernel launched with ``pdl_args``: wait for the previous kernel, then let the next one launch.
+        """Called by a kernel launched with ``pdl_args`` before its first store: wait for the previous kernel, then let the next one launch.
 
-        NOTE(h7): the wait comes before any load or store, so neither a read of the previous
-        kernel's output nor a write over its input can race it. Letting dependents launch at once
+        NOTE(h7): the wait comes before any store and any load of what an earlier kernel writes, so
+        neither a read of the previous kernel's output nor a write over its input can race it (loads
+        of weights may come first and overlap that kernel's tail). Letting dependents launch at once
         is safe for the same reason (they wait in turn) and lets their programs be placed as soon as
         this kernel's last programs are.
         """

@@ -81,24 +81,45 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
         if interp:
             bn, bk = 16, 32
         elif kind == "dense" and k_iter_cols >= 4096:
-            # NOTE(h7): the Llama-3-8B shapes on the H100 at batch 1: two rows a program and 2,048-wide
-            # K steps over 8 warps won the bench's tuning for qkv, o, gate_up and the LM head (17.7,
-            # 12.4, 75.2, 335 us: 2.7-3.1 TB/s); the configs tuned before (4 x 1,024 and 32 x 512 over
-            # 4 warps) took 20.9, 13.9, 80.6 and 415 us in a probe on a machine of the same kind
-            bn, bk, warps, prefetch = 2, 2048, 8, True
+            # NOTE(h7): the Llama-3-8B shapes on the H100 at batch 1: 2,048-wide K steps over 8 warps,
+            # two rows a program for the wide gate_up and LM head (74.7, 332.4 us) and four for qkv,
+            # o and down (16.8, 11.3, 39.5 us; two rows took 11.8 and 40.8 on o and down), as the
+            # bench's tuning chose (2026-11-26); the configs tuned before that (4 x 1,024 and 32 x 512
+            # over 4 warps) took 20.9, 13.9, 80.6 and 415 us on qkv, o, gate_up and the LM head
+            bn, bk, warps, prefetch = (4 if n <= 8192 else 2), 2048, 8, True
         elif kind == "dense":
             # NOTE(h7): tuned on the H100 over SmolLM2's shapes at batch 1 (K 576 and 1536): narrow
             # tiles and one long K step, 1.8-3.9 us a layer against 3.4-7.1 us for cuBLAS (and 5-14 us
             # for the quantized kernels' 32 x 128 default); more programs, each with one load in flight
             bn, bk = (8 if n <= 4096 and k_iter_cols <= 1024 else 4), (1024 if k_iter_cols <= 1024 else 512)
             prefetch = True
+        elif kind in ("int8", "int8g") and k_iter_cols >= 8192:
+            # NOTE(h7): the 8B down projection (K 14,336, SiLU-and-mul on its loads) on the H100 at
+            # batch 1: 8 rows x 1,024 columns over 4 warps, one split, 23.7 us, where the 2-row tile
+            # below took 38.8 us (each program recomputes the activation over its K range, so more
+            # rows a program share it); returned here, since the split rule below would split its
+            # 512 tiles in two
+            return Config("gemv", 8, max(1024, group), 1, num_warps=4, prefetch=True)
         elif kind in ("int8", "int8g"):
             # NOTE(h7): the byte-permute GEMV over the 8B shapes: 2 rows x 1,024 columns over 2 warps
-            # was the fastest for o and gate_up and within 4 % of the fastest for qkv and the LM head
-            bn, bk, warps, prefetch = 2, 1024, 2, True
+            # was the fastest for o and gate_up and within 4 % of the fastest for the LM head; for qkv
+            # (6,144 columns) the bench's tuning chose 8 rows x 512 over 8 warps in three of four runs
+            # (10.1-10.4 us; 2026-11-26)
+            bn, bk, warps, prefetch = (8, 512, 8, True) if 4096 < n <= 8192 else (2, 1024, 2, True)
+        elif k_iter_cols >= 4096:
+            # NOTE(h7): the int4 GEMV over the 8B down projection (K 14,336: 7,168 bytes a half) on the
+            # H100: 16 rows x 256 bytes over 1 warp, K split 8 ways, 18.6 us, where the 16 x 512 tile
+            # below, split twice, took 23.0 (2026-11-26)
+            return Config("gemv", 16, max(256, group), 8, num_warps=1)
+        elif k_iter_cols >= 1024 and n <= 8192:
+            # NOTE(h7): the int4 GEMV over the 8B qkv (6,144 columns) and o on the H100, K split in
+            # two: 8 rows x 512 bytes over 1 warp for qkv (8.5 and 8.75 us in two tunings), 16 rows
+            # over 4 warps for o (7.05-7.1 us in three; the 16 x 512 tile below, 2 warps, took 8.8)
+            bn, warps = (8, 1) if n > 4096 else (16, 4)
+            return Config("gemv", bn, max(512, group), 2, num_warps=warps, prefetch=True)
         elif k_iter_cols >= 1024:
             # NOTE(h7): the int4 GEMV over the 8B shapes (PTX nibble unpack): 16 rows x 512 bytes over
-            # 2 warps was the fastest for gate_up and the LM head, within 3-17 % elsewhere but down
+            # 2 warps was the fastest for gate_up and the LM head
             bn, bk, warps = 16, 512, 2
         else:
             bn, bk = 32, 128

@@ -125,6 +125,11 @@ if triton is not None:
         ks = tl.program_id(2)
         nmask = rn < N
         mmask = rm < M
+        if G == 0:
+            # NOTE(h7): per-row scales are weights, which no earlier kernel writes: loaded here, before
+            # the PDL wait, and not after the loop, where their DRAM round trip stood between each
+            # program's last FMA and its store
+            s = tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
         # NOTE(h7): the loop runs to the split's end and masks against K (a tl.minimum bound breaks
         # triton 3.6's interpreter); K_SPLIT is a multiple of BLOCK_K, so only the last split masks.
         if GEMV:
@@ -164,7 +169,6 @@ if triton is not None:
                 else:
                     acc += tl.dot(x, tl.trans(wd))
         if G == 0:
-            s = tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
             acc = acc * s[None, :]
         _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
 

@@ -32,10 +32,13 @@ if triton is not None:
         BLOCK_C: tl.constexpr,  # power of two >= C: one program holds a whole row
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        pdl_enter(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK_C)
         mask = cols < C
+        # NOTE(h7): the norm weight is no earlier kernel's output: read before the PDL wait, not after
+        # the row's reduction, where its round trip to memory stood between the sum and the store
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        pdl_enter(PDL)
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
@@ -45,7 +48,6 @@ if triton is not None:
         xf = x.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / C + eps)
         normed = (xf * rstd).to(x.dtype).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + row * stride_out + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 

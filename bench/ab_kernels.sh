@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# A/B a kernel change on the GPU machine: for each variant named, copy the kernel files it holds
+# into kernels/ and run bench.engine_gpu with the given arguments, one process a variant, in the
+# order given (alternate them: old new old new). Each run's JSON goes to $OUT/ab_<i>_<variant>.json.
+#
+#   AB_DIR=.dev3 bench/ab_kernels.sh "--modes int8 --batches 1" old new old new
+#
+# $AB_DIR/<variant>/ holds that variant's copies of the changed files of kernels/ (git-ignored
+# there, e.g. `git show HEAD~1:kernels/quant_matmul.py > .dev3/old/quant_matmul.py`). The last
+# variant's files stay in kernels/ at the end; the working tree on the device is a copy.
+set -euo pipefail
+args=$1
+shift
+dir=${AB_DIR:-.dev3}
+i=0
+for v in "$@"; do
+  i=$((i + 1))
+  cp "$dir/$v"/*.py kernels/
+  echo "=== $i $v $(date +%T)"
+  # shellcheck disable=SC2086 # the bench's arguments are meant to split
+  python3 -m bench.engine_gpu --random-weights $args --json "$OUT/ab_${i}_$v.json" 2>&1 | grep -v '^  tuned'
+done
