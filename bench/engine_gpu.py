@@ -279,6 +279,7 @@ def main() -> None:
     p.add_argument("--random-weights", action="store_true", required=True, help="random weights (no download)")
     p.add_argument("--modes", default="bf16,int8,int4")
     p.add_argument("--batches", default="1,4,16,64", help="batch sizes for int4 and bf16")
+    p.add_argument("--int8-batches", default="1", help="batch sizes for int8")
     p.add_argument("--context", type=int, default=512, help="KV context tokens before the first timed step")
     p.add_argument("--steps", type=int, default=128)
     p.add_argument("--group", type=int, default=128, help="int4 group size")
@@ -326,7 +327,7 @@ def main() -> None:
         print(
             f"{mode}: weights built in {time.perf_counter() - t0:.1f} s, {wbytes / 1e9:.2f} GB of linears", flush=True
         )
-        mode_batches = batches if mode != "int8" else [1]
+        mode_batches = batches if mode != "int8" else [int(b) for b in a.int8_batches.split(",")]
         if mode != "cublas":
             tune(dec, mode_batches, tuning, search=not a.no_tune)
         for b in mode_batches:

@@ -18,7 +18,7 @@ import torch
 from kernels._common import dot_in_fp32, num_sms, pdl_args, tl, triton
 
 GEMV_MAX_ROWS = 4
-"""Rows of ``x`` up to which the GEMV path is the default."""
+"""Rows of ``x`` up to which the GEMV path can be the default (``_gemv_default``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +71,32 @@ def config_for(kind: Kind, m: int, n: int, k: int, k_iter_cols: int, group: int,
     return default_config(kind, m, n, k_iter_cols, group, interp=device.type == "cpu", sms=num_sms(device))
 
 
+def _gemv_default(kind: Kind, m: int, n: int, k_iter_cols: int) -> bool:
+    """Whether ``m`` rows take the GEMV path by default (the dense kind has no other).
+
+    NOTE(h7): each GEMV program dequantizes its weight tile for its one row, so the GEMV's time grows
+    with the rows while the tiled path's stays flat up to 16. On the H100 (defaults timed by
+    ``bench.engine_gpu --no-tune``, 2026-11-26) the tiled path won from 3 rows on every 8B shape
+    (int8 qkv at 4 rows 14.8 against 28.1 us, int4 gate_up 48.5 against 77.3), and on SmolLM2's
+    shapes only above ~1 MiB of weight (int8 gate_up, 3,072 x 576, at 3 rows 5.0 against 6.7; its
+    LM head 13.4 against 93.4); smaller ones kept the GEMV (int8 o at 4 rows 1.9 against 3.9).
+    A wide weight with a short K (SmolLM2's int8 LM head, 49,152 x 576) is tiled at any row count:
+    its GEMV took 35-37 us at 1 row and 65-66 at 2, the tiled path 13-14 (27 once).
+    """
+    if kind == "dense":
+        return True
+    if kind in ("int8", "int8g") and k_iter_cols < 1024 and n * k_iter_cols > 1 << 22:
+        return False
+    return m <= 2 or (m <= GEMV_MAX_ROWS and n * k_iter_cols <= 1 << 20)
+
+
 def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, interp: bool, sms: int) -> Config:
     """The default config of a matmul on a device with ``sms`` multiprocessors (``interp``: the CPU interpreter).
 
     Needs no device, so the sm_90 build check (``tests/kernels/sm90_build.py``) compiles the tiles launched.
     """
     warps, prefetch = 4, False
-    if m <= GEMV_MAX_ROWS or kind == "dense":
+    if _gemv_default(kind, m, n, k_iter_cols):
         if interp:
             bn, bk = 16, 32
         elif kind == "dense" and k_iter_cols >= 4096:
