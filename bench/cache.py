@@ -154,13 +154,18 @@ async def latency_phases(
         prompt = f"Say hello to the cache benchmark please {run} {stream}"
 
         def fixed(
-            port: int, model: str, auth: str, headers: dict[str, str] | None, text: str = prompt, base: dict = base
+            port: int,
+            model: str,
+            auth: str,
+            headers: dict[str, str] | None,
+            text: str = prompt,
+            base: dict[str, Any] = base,
         ) -> Any:
             msg = {**base, "model": model, "messages": [{"role": "user", "content": text}]}
             payload = http_request(port, "/v1/chat/completions", msg, auth, headers)
             return lambda _i: payload
 
-        def fresh(i: int, text: str = prompt, base: dict = base) -> bytes:
+        def fresh(i: int, text: str = prompt, base: dict[str, Any] = base) -> bytes:
             msg = {**base, "model": "bench", "messages": [{"role": "user", "content": f"{text} miss {i}"}]}
             return http_request(gw_port, "/v1/chat/completions", msg, key)
 

@@ -63,7 +63,7 @@ def main() -> None:
     for mode in args.modes.split(","):
         g = torch.Generator(device="cuda").manual_seed(0)
         ws = [
-            QLinear((torch.randn(N, K, generator=g, device="cuda") * 0.02).to(torch.bfloat16), mode, 128)  # type: ignore[arg-type]
+            QLinear((torch.randn(N, K, generator=g, device="cuda") * 0.02).to(torch.bfloat16), mode, 128)
             for _ in range(LAYERS)
         ]
         gated = best_us(ws, kinds[mode], x, gated=True, first=False)
