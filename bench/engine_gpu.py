@@ -137,7 +137,7 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]], *, 
             quant_matmul.set_config(kind, m, n, k, None)  # the launcher's default, as the engine runs it
             run = partial(_run_all, ws, x, gated)
             # NOTE(h7): timed twice, the first discarded: a shape's first timing (after the compile)
-            # read 2-3 us high on the H100 for every format (2026-11-26)
+            # can read high (dense qkv 19.7 and 18.4 us against 16.8 and 16.9 on two H100s, 2026-11-26)
             first_ms = graph_time_ms(run, repeats=3) / len(ws)
             default_ms = graph_time_ms(run, repeats=3) / len(ws)
             if not search:

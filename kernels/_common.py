@@ -165,7 +165,7 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def pdl_enter(PDL: tl.constexpr):  # type: ignore[no-untyped-def]
-        """Called by a kernel launched with ``pdl_args`` before its first store: wait for the previous kernel, then let the next one launch.
+        """Wait for the previous kernel, then let the next one launch (a kernel launched with ``pdl_args``).
 
         NOTE(h7): the wait comes before any store and any load of what an earlier kernel writes, so
         neither a read of the previous kernel's output nor a write over its input can race it (loads

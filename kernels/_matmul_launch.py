@@ -78,8 +78,9 @@ def _gemv_default(kind: Kind, m: int, n: int, k_iter_cols: int) -> bool:
     with the rows while the tiled path's stays flat up to 16. On the H100 (defaults timed by
     ``bench.engine_gpu --no-tune``, 2026-11-26) the tiled path won from 3 rows on every 8B shape
     (int8 qkv at 4 rows 14.8 against 28.1 us, int4 gate_up 48.5 against 77.3), and on SmolLM2's
-    shapes only above ~1 MiB of weight (int8 gate_up, 3,072 x 576, at 3 rows 5.0 against 6.7; its
-    LM head 13.4 against 93.4); smaller ones kept the GEMV (int8 o at 4 rows 1.9 against 3.9).
+    shapes only above 2^20 loop columns (``n * k_iter_cols``: an int8 weight's bytes, half an int4
+    weight's; int8 gate_up, 3,072 x 576, at 3 rows 5.0 against 6.7; its LM head 13.4 against 93.4);
+    smaller ones kept the GEMV (int8 o at 4 rows 1.9 against 3.9).
     A wide weight with a short K (SmolLM2's int8 LM head, 49,152 x 576) is tiled at any row count:
     its GEMV took 35-37 us at 1 row and 65-66 at 2, the tiled path 13-14 (27 once).
     """
