@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from gateway.router import DEFERRABLE_KV_RESERVE, Router, Workload, engine_price
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from bench.routing_scenario import Deployment
     from bench.routing_sim import Attempt, Simulation
 
@@ -37,12 +39,12 @@ class SimPolicy:
         """Deployment keys to try for request ``i``, best first."""
         raise NotImplementedError
 
-    def admit(self, sim: Simulation, key: str) -> bool:
-        """Whether an attempt may go to ``key`` now (a breaker's say)."""
+    def admit(self, sim: Simulation, key: str, i: int) -> bool:
+        """Whether an attempt of request ``i`` may go to ``key`` now (a breaker's say)."""
         return True
 
-    def started(self, sim: Simulation, key: str) -> None:
-        """An attempt went to ``key``."""
+    def started(self, sim: Simulation, key: str, i: int) -> None:
+        """An attempt of request ``i`` went to ``key``."""
 
     def first_byte(self, sim: Simulation, key: str, attempt: Attempt) -> None:
         """An attempt on ``key`` sent its first token (``attempt.ttft`` seconds after it started)."""
@@ -50,8 +52,8 @@ class SimPolicy:
     def done(self, sim: Simulation, key: str, attempt: Attempt) -> None:
         """An attempt on ``key`` finished its answer."""
 
-    def failed(self, sim: Simulation, key: str) -> None:
-        """An attempt on ``key`` failed."""
+    def failed(self, sim: Simulation, key: str, i: int) -> None:
+        """An attempt of request ``i`` on ``key`` failed."""
 
     def report(self) -> dict[str, object]:
         """Policy-specific figures for the results file."""
@@ -190,46 +192,68 @@ class OracleP95(SimPolicy):
 
 
 class Crossway(SimPolicy):
-    """The gateway's own ``Router``, fed what a dispatcher would observe, on the simulation's clock."""
+    """The gateway's own ``Router``, fed what a dispatcher would observe, on the simulation's clock.
 
-    name = "crossway"
+    With ``replicas`` > 1, that many gateway processes behind a round-robin load balancer: request
+    ``i`` goes to replica ``i % replicas``, and each replica's router learns only from its own
+    requests (its statistics, in-flight counts and breakers), as ``gateway.stats`` keeps them. The
+    engine's own load report reaches every replica.
+    """
+
     observes = True
 
-    def __init__(self, sim: Simulation, seed: int, typical_output: int) -> None:
+    def __init__(self, sim: Simulation, seed: int, typical_output: int, replicas: int = 1) -> None:
         super().__init__(sim)
-        self.router = Router(sim.policy.routing, rng=random.Random(seed))
-        self.router.breakers.clock = lambda: sim.now
+        self.name = "crossway" if replicas == 1 else f"crossway-x{replicas}"
+        self.routers = [Router(sim.policy.routing, rng=random.Random(seed + r)) for r in range(replicas)]
+        for router in self.routers:
+            router.breakers.clock = lambda: sim.now
         self.typical_output = typical_output
         self.reasons: Counter[str] = Counter()
+        self._judged: dict[int, Mapping[str, int]] = {}
+        """Per request in flight, the engine loads its decision was judged at (``Decision.loads``)."""
+        self._loads: dict[int, int] = {}
+        """Per request, the load its current attempt's samples are filed under, as gateway.dispatch does."""
+
+    def _router(self, i: int) -> Router:
+        return self.routers[i % len(self.routers)]
 
     def order(self, sim: Simulation, i: int) -> list[str]:
         plan = sim.plans[sim.trace.cls[i]]
         work = Workload(int(sim.trace.input_tokens[i]), self.typical_output)
         loads = {key: sim.engine_load(key) for key, dep in sim.deployments.items() if dep.engine is not None}
-        decision = self.router.decide(plan, work, sim.policy.providers, loads=loads)
+        decision = self._router(i).decide(plan, work, sim.policy.providers, loads=loads)
         self.reasons[decision.reason] += 1
+        self._judged[i] = decision.loads
         return [t.key for t in decision.order]
 
-    def admit(self, sim: Simulation, key: str) -> bool:
-        return self.router.breakers[key].acquire(sim.now)
+    def admit(self, sim: Simulation, key: str, i: int) -> bool:
+        return self._router(i).breakers[key].acquire(sim.now)
 
-    def started(self, sim: Simulation, key: str) -> None:
-        self.router.stats[key].in_flight += 1
+    def started(self, sim: Simulation, key: str, i: int) -> None:
+        stats = self._router(i).stats[key]
+        stats.in_flight += 1
+        self._loads[i] = self._judged[i].get(key, stats.in_flight)
 
     # As gateway.dispatch does: the first byte is the verdict (success, TTFT sample, breaker closed);
     # the stream's end brings its TPOT.
     def first_byte(self, sim: Simulation, key: str, attempt: Attempt) -> None:
-        self.router.stats.record(key, ttft=attempt.ttft, ok=True, load=attempt.load)
-        self.router.breakers[key].success()
+        router = self._router(attempt.request)
+        router.stats.record(key, ttft=attempt.ttft, ok=True, load=self._loads[attempt.request])
+        router.breakers[key].success()
 
     def done(self, sim: Simulation, key: str, attempt: Attempt) -> None:
-        self.router.stats[key].in_flight -= 1
-        self.router.stats.record(key, tpot=attempt.tpot, ok=None, load=attempt.load)
+        router = self._router(attempt.request)
+        router.stats[key].in_flight -= 1
+        router.stats.record(key, tpot=attempt.tpot, ok=None, load=self._loads.pop(attempt.request))
+        del self._judged[attempt.request]
 
-    def failed(self, sim: Simulation, key: str) -> None:
-        self.router.stats[key].in_flight -= 1
-        self.router.stats.record(key, ok=False)
-        self.router.breakers[key].failure(sim.now)
+    def failed(self, sim: Simulation, key: str, i: int) -> None:
+        router = self._router(i)
+        router.stats[key].in_flight -= 1
+        self._loads.pop(i, None)
+        router.stats.record(key, ok=False)
+        router.breakers[key].failure(sim.now)
 
     def report(self) -> dict[str, object]:
         return {"reasons": dict(sorted(self.reasons.items()))}
@@ -239,9 +263,11 @@ POLICIES = ("crossway", "round-robin", "always-cheapest", "always-fastest", "ora
 
 
 def make_policy(name: str, sim: Simulation, seed: int, typical_output: int) -> SimPolicy:
-    """Build one of ``POLICIES`` over ``sim``."""
+    """Build one of ``POLICIES`` over ``sim``, or ``crossway-xN``: Crossway on N gateway replicas."""
     if name == "crossway":
         return Crossway(sim, seed, typical_output)
+    if name.startswith("crossway-x") and name.removeprefix("crossway-x").isdigit():
+        return Crossway(sim, seed, typical_output, replicas=int(name.removeprefix("crossway-x")))
     if name == "round-robin":
         return RoundRobin(sim)
     if name == "always-cheapest":

@@ -21,6 +21,7 @@ Usage::
 
     python -m bench.routing_sim                        # a simulated day (about a minute here)
     python -m bench.routing_sim --hours 2 --json /tmp/routing.json
+    python -m bench.routing_sim --policies crossway,crossway-x2,crossway-x4,oracle --json /tmp/replicas.json
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class Attempt:
     """Until it ends: the whole answer, or the error."""
     load: int = 0
     """Requests in flight on the deployment once this one started (itself included)."""
+    request: int = -1
+    """The request's index in the trace."""
 
 
 @dataclass(slots=True)
@@ -102,10 +105,10 @@ class Simulation:
         dep, d = self.deployments[key], self.index[key]
         error_rate, _ = dep.incident(self.now)
         if self.trace.u[i, d] < error_rate:
-            return Attempt(False, 0.0, 0.0, dep.fail_s)
+            return Attempt(False, 0.0, 0.0, dep.fail_s, request=i)
         z_ttft, z_tpot = self.trace.z[i, d]
         ttft, tpot = self.latency(key, i, float(z_ttft), float(z_tpot))
-        return Attempt(True, ttft, tpot, ttft + tpot * int(self.trace.output_tokens[i]))
+        return Attempt(True, ttft, tpot, ttft + tpot * int(self.trace.output_tokens[i]), request=i)
 
     def latency(self, key: str, i: int, z_ttft: float, z_tpot: float) -> tuple[float, float]:
         """TTFT and TPOT of request ``i`` on ``key`` now, at the given quantiles (standard normal scores)."""
@@ -196,7 +199,7 @@ class Simulation:
                 self._account(i, key, ttft, attempt)
             else:  # an attempt failed: free its slot, then try the rest of the order
                 self._load(key, -1)
-                policy.failed(self, key)
+                policy.failed(self, key, i)
                 self._start(policy, i, event[3], event[4], event[5])
         return self.tally
 
@@ -214,12 +217,12 @@ class Simulation:
             if tried >= MAX_ATTEMPTS:
                 break
             cap = self.targets[key].max_concurrency
-            if (cap is not None and self.in_flight[key] >= cap) or not policy.admit(self, key):
+            if (cap is not None and self.in_flight[key] >= cap) or not policy.admit(self, key, i):
                 continue
             attempt = self.attempt(key, i)
             self._load(key, +1)
             attempt.load = self.in_flight[key]
-            policy.started(self, key)
+            policy.started(self, key, i)
             self.tally.attempts += 1
             if not attempt.ok:
                 self._push(self.now + attempt.seconds, ("failed", i, key, order[pos + 1 :], tried + 1, start))
@@ -308,9 +311,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hours", type=float, default=24.0, help="simulated hours (default: a day)")
     parser.add_argument("--peak-rps", type=float, default=3.0, help="arrival rate at the 14:00 peak")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help="comma list; crossway-xN is Crossway on N gateway replicas (default: the seven of the table)",
+    )
     args = parser.parse_args(argv)
     began = time.perf_counter()
-    run = simulate(args.seed, args.hours, args.peak_rps)
+    run = simulate(args.seed, args.hours, args.peak_rps, tuple(args.policies.split(",")))
     run["wall_s"] = time.perf_counter() - began
     run["date"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     run["machine"] = {"python": platform.python_version(), "platform": platform.platform()}

@@ -216,7 +216,8 @@ class Dispatcher:
                     attempts.append(Attempt(target, f"skipped:{skipped}", 0.0))
                     again.append(target)  # its breaker may be half-open by the next round
                     continue
-                result = await self._try(target, attempt, attempts, deadline, streaming=streaming)
+                judged = decision.loads.get(target.key)
+                result = await self._try(target, attempt, attempts, deadline, judged, streaming=streaming)
                 if isinstance(result, UpstreamError):
                     errors.append(result)
                     if result.retryable:
@@ -246,16 +247,21 @@ class Dispatcher:
         attempt: Callable[[Target, float, int], Awaitable[T]],
         attempts: list[Attempt],
         deadline: float,
+        judged_load: int | None,
         *,
         streaming: bool,
     ) -> T | UpstreamError:
-        """One attempt: its result, or the upstream error it ended with (caller errors propagate)."""
+        """One attempt: its result, or the upstream error it ended with (caller errors propagate).
+
+        Its samples are filed under ``judged_load`` (an engine's own load, as the router judged it)
+        or else this replica's in-flight count, itself included.
+        """
         key = target.key
         stats, breaker = self.router.stats[key], self.router.breakers[key]
         started = self.clock()
         limit = min(target.attempt_timeout_s or math.inf, deadline - started)
         stats.in_flight += 1
-        load = stats.in_flight
+        load = judged_load if judged_load is not None else stats.in_flight
         keep_in_flight = False
         try:
             async with asyncio.timeout(limit if math.isfinite(limit) else None):

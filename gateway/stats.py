@@ -4,9 +4,12 @@ Owns, per deployment (``provider/model``) and per gateway replica: windows of re
 samples with their quantiles (also kept per band of in-flight load, for engines whose latency
 follows their batch), an exponentially weighted error rate, and the count of requests in flight. Does not own decisions (``gateway.router``) or breakers (``gateway.breaker``).
 
-NOTE: statistics are per replica, not shared through Redis. Every replica sees a sample of the same
-traffic, so its quantiles converge to the same values; sharing would put a Redis round trip on
-every request's path for little gain.
+NOTE(hsim): statistics are per replica, not shared through Redis. Every replica sees a sample of the
+same traffic, so its quantiles converge to the same values; sharing would put a Redis round trip on
+every request's path for little gain. What a replica cannot see is the others' load: an engine's
+samples are filed, and looked up, by the load the engine itself reports (``Decision.loads``), not
+by this replica's in-flight count. With that, two and four replicas behind round-robin reached
+98-100 % of one replica's goodput per dollar in bench/routing_sim.py (``crossway-x2``, ``-x4``).
 """
 
 from __future__ import annotations

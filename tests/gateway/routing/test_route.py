@@ -13,7 +13,7 @@ from gateway.router import (
     engine_price,
     route,
 )
-from gateway.stats import Observed
+from gateway.stats import EngineLoad, Observed
 
 INTERACTIVE = SloClass("interactive", ttft_p95_ms=800, tpot_p95_ms=60)
 BATCH = SloClass("batch", deadline_s=100)
@@ -341,3 +341,22 @@ def test_router_judges_an_engine_by_samples_taken_at_the_load_it_would_start_at(
     decision = router.decide(plan, WORK, PROVIDERS)
     assert models(decision)[0] == "mid"
     assert why(decision, "r0").reason == "TTFT p95 4000 ms > 800 ms"
+
+
+def test_router_judges_an_engine_by_its_own_load_report_not_this_replicas_in_flight_count():
+    """Behind N gateway replicas each sees about 1/N of an engine's load; the engine's own count says its band."""
+    gpu = replica("r0", cap=40)
+    router = Router(RoutingOptions(explore_share=0.0), rng=random.Random(1))  # noqa: S311
+    plan = Plan("alias", (gpu, MID), (), INTERACTIVE)
+    for _ in range(20):
+        router.stats.record(gpu.key, ttft=0.1, tpot=0.02, load=2)
+        router.stats.record(gpu.key, ttft=4.0, tpot=0.05, load=30)
+    # this replica has nothing in flight there; the engine runs 29 requests, so this one would start at 30
+    busy = {gpu.key: EngineLoad(waiting=0, running=29, kv_free=0.5)}
+    decision = router.decide(plan, WORK, PROVIDERS, loads=busy)
+    assert models(decision)[0] == "mid"
+    assert why(decision, "r0").reason == "TTFT p95 4000 ms > 800 ms"
+    assert decision.loads == {gpu.key: 30}
+    idle = {gpu.key: EngineLoad(waiting=0, running=1, kv_free=0.9)}
+    decision = router.decide(plan, WORK, PROVIDERS, loads=idle)
+    assert models(decision)[0] == "r0" and decision.loads == {gpu.key: 2}

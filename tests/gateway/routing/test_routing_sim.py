@@ -54,3 +54,26 @@ def test_simulation_counts_requests_failed_when_every_deployment_fails(name):
     assert tally.failed == trace.arrival.size
     assert tally.served == {} and tally.met == {} and tally.api_cost == 0.0
     assert sim.in_flight == dict.fromkeys(sim.deployments, 0)
+
+
+def test_one_replica_routes_exactly_as_the_single_router(tiny):
+    one = simulate(seed=3, hours=0.5, peak_rps=2.0, policies=("crossway-x1",))["policies"]["crossway-x1"]
+    single = tiny["policies"]["crossway"]
+    assert {k: v for k, v in one.items() if k not in ("runtime_s", "vs_oracle")} == {
+        k: v for k, v in single.items() if k not in ("runtime_s", "vs_oracle")
+    }
+
+
+def test_replicas_account_for_every_request_and_each_learns_from_its_own():
+    trace = make_trace(3, 0.5, 2.0, len(SCENARIO))
+    sim = Simulation(trace, parse_policy(POLICY_YAML, {}))
+    policy = make_policy("crossway-x3", sim, 3, TYPICAL_OUTPUT)
+    tally = sim.run(policy)
+    assert sum(tally.served.values()) + tally.failed == trace.arrival.size
+    routers = policy.routers  # type: ignore[attr-defined]
+    assert len(routers) == 3
+    # each replica learned from about a third of the outcomes, and none is left with requests in flight
+    seen = [sum(r.stats[k].outcomes for k in sim.deployments) for r in routers]
+    assert sum(seen) == tally.attempts  # a first byte or a failure per attempt
+    assert all(0.25 * sum(seen) < n < 0.42 * sum(seen) for n in seen)
+    assert all(r.stats[k].in_flight == 0 for r in routers for k in sim.deployments)
