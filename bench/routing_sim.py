@@ -62,8 +62,6 @@ class Attempt:
     tpot: float
     seconds: float
     """Until it ends: the whole answer, or the error."""
-    load: int = 0
-    """Requests in flight on the deployment once this one started (itself included)."""
     request: int = -1
     """The request's index in the trace."""
 
@@ -221,7 +219,6 @@ class Simulation:
                 continue
             attempt = self.attempt(key, i)
             self._load(key, +1)
-            attempt.load = self.in_flight[key]
             policy.started(self, key, i)
             self.tally.attempts += 1
             if not attempt.ok:

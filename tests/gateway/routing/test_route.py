@@ -328,14 +328,19 @@ def test_router_decide_skips_a_deployment_whose_breaker_opened():
     assert models(router.decide(plan, WORK, PROVIDERS)) == ["mid", "cheap"]
 
 
-def test_router_judges_an_engine_by_samples_taken_at_the_load_it_would_start_at():
-    """Samples from a burst that queued the engine condemn it at that load only, not once it is idle."""
+def _engine_after_a_burst():
+    """A router whose engine answered fast at load 2 and slowly at load 30, and a plan of it and ``MID``."""
     gpu = replica("r0", cap=40)
     router = Router(RoutingOptions(explore_share=0.0), rng=random.Random(1))  # noqa: S311
-    plan = Plan("alias", (gpu, MID), (), INTERACTIVE)
     for _ in range(20):
         router.stats.record(gpu.key, ttft=0.1, tpot=0.02, load=2)
         router.stats.record(gpu.key, ttft=4.0, tpot=0.05, load=30)
+    return gpu, router, Plan("alias", (gpu, MID), (), INTERACTIVE)
+
+
+def test_router_judges_an_engine_by_samples_taken_at_the_load_it_would_start_at():
+    """Samples from a burst that queued the engine condemn it at that load only, not once it is idle."""
+    gpu, router, plan = _engine_after_a_burst()
     assert models(router.decide(plan, WORK, PROVIDERS))[0] == "r0"  # idle: starts at load 1, band 1-4
     router.stats[gpu.key].in_flight = 29  # this request would start at load 30
     decision = router.decide(plan, WORK, PROVIDERS)
@@ -345,12 +350,7 @@ def test_router_judges_an_engine_by_samples_taken_at_the_load_it_would_start_at(
 
 def test_router_judges_an_engine_by_its_own_load_report_not_this_replicas_in_flight_count():
     """Behind N gateway replicas each sees about 1/N of an engine's load; the engine's own count says its band."""
-    gpu = replica("r0", cap=40)
-    router = Router(RoutingOptions(explore_share=0.0), rng=random.Random(1))  # noqa: S311
-    plan = Plan("alias", (gpu, MID), (), INTERACTIVE)
-    for _ in range(20):
-        router.stats.record(gpu.key, ttft=0.1, tpot=0.02, load=2)
-        router.stats.record(gpu.key, ttft=4.0, tpot=0.05, load=30)
+    gpu, router, plan = _engine_after_a_burst()
     # this replica has nothing in flight there; the engine runs 29 requests, so this one would start at 30
     busy = {gpu.key: EngineLoad(waiting=0, running=29, kv_free=0.5)}
     decision = router.decide(plan, WORK, PROVIDERS, loads=busy)
