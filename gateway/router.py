@@ -317,8 +317,8 @@ class Router:
         # replica sees about 1/N of the engine's load and judged it by too light a band (in
         # bench/routing_sim.py, with 2 and 4 replicas, SLO met fell from 99.9 % to 99.6 and 99.5 %
         # and goodput per dollar by 5 and 13-15 %; with the engine's count, 98.0-100.2 % of one replica's).
-        judged = {k: load.running + load.waiting + 1 for k, load in loads.items()}
         engines = {t.key for t in plan.targets if providers[t.provider].gpu_dollars_per_hour is not None}
+        judged = {k: load.running + load.waiting + 1 for k, load in loads.items() if k in engines}
         observed = {
             k: self.stats[k].observed(
                 ttft_limit,
@@ -332,4 +332,4 @@ class Router:
         breakers = {k: self.breakers.state(k) for k in keys}
         draws = (self.rng.random(), self.rng.random()) if explore else (1.0, 0.0)
         decision = route(plan, observed, breakers, workload, providers, self.options, draws)
-        return dataclasses.replace(decision, loads={k: v for k, v in judged.items() if k in engines})
+        return dataclasses.replace(decision, loads=judged)

@@ -1,8 +1,8 @@
 """Live statistics per deployment: what the router predicts latency and failure from.
 
 Owns, per deployment (``provider/model``) and per gateway replica: windows of recent TTFT and TPOT
-samples with their quantiles (also kept per band of in-flight load, for engines whose latency
-follows their batch), an exponentially weighted error rate, and the count of requests in flight. Does not own decisions (``gateway.router``) or breakers (``gateway.breaker``).
+samples with their quantiles (also kept per band of load, for engines whose latency follows their
+batch: the engine's own count where it reports one, else this replica's in-flight count), an exponentially weighted error rate, and the count of requests in flight. Does not own decisions (``gateway.router``) or breakers (``gateway.breaker``).
 
 NOTE(hsim): statistics are per replica, not shared through Redis. Every replica sees a sample of the
 same traffic, so its quantiles converge to the same values; sharing would put a Redis round trip on

@@ -97,6 +97,7 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
     Needs no device, so the sm_90 build check (``tests/kernels/sm90_build.py``) compiles the tiles launched.
     """
     warps, prefetch = 4, False
+    split: int | None = None  # set where tuning chose it; else the rule below
     if _gemv_default(kind, m, n, k_iter_cols):
         if interp:
             bn, bk = 16, 32
@@ -117,9 +118,8 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             # NOTE(h7): the 8B down projection (K 14,336, SiLU-and-mul on its loads) on the H100 at
             # batch 1: 8 rows x 1,024 columns over 4 warps, one split, 23.7 us, where the 2-row tile
             # below took 38.8 us (each program recomputes the activation over its K range, so more
-            # rows a program share it); returned here, since the split rule below would split its
-            # 512 tiles in two
-            return Config("gemv", 8, max(1024, group), 1, num_warps=4, prefetch=True)
+            # rows a program share it); one split, where the rule below would split its 512 tiles in two
+            bn, bk, warps, prefetch, split = 8, 1024, 4, True, 1
         elif kind in ("int8", "int8g"):
             # NOTE(h7): the byte-permute GEMV over the 8B shapes: 2 rows x 1,024 columns over 2 warps
             # was the fastest for o and gate_up and within 4 % of the fastest for the LM head; for qkv
@@ -130,13 +130,13 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             # NOTE(h7): the int4 GEMV over the 8B down projection (K 14,336: 7,168 bytes a half) on the
             # H100: 16 rows x 256 bytes over 1 warp, K split 8 ways, 18.6 us, where the 16 x 512 tile
             # below, split twice, took 23.0 (2026-11-26)
-            return Config("gemv", 16, max(256, group), 8, num_warps=1)
+            bn, bk, warps, split = 16, 256, 1, 8
         elif k_iter_cols >= 1024 and n <= 8192:
             # NOTE(h7): the int4 GEMV over the 8B qkv (6,144 columns) and o on the H100, K split in
             # two: 8 rows x 512 bytes over 1 warp for qkv (8.5 and 8.75 us in two tunings), 16 rows
             # over 4 warps for o (7.05-7.1 us in three; the 16 x 512 tile below, 2 warps, took 8.8)
             bn, warps = (8, 1) if n > 4096 else (16, 4)
-            return Config("gemv", bn, max(512, group), 2, num_warps=warps, prefetch=True)
+            bk, prefetch, split = 512, True, 2
         elif k_iter_cols >= 1024:
             # NOTE(h7): the int4 GEMV over the 8B shapes (PTX nibble unpack): 16 rows x 512 bytes over
             # 2 warps was the fastest for gate_up and the LM head
@@ -155,9 +155,10 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
         tiles = -(-m // 16) * -(-n // bn)
     # NOTE(h7): split K until the grid holds ~4 waves of programs, but keep >= 4 loop steps each:
     # one wave of long programs leaves the memory system idle at the tail.
-    split = 1
-    while tiles * split < 4 * sms and k_iter_cols // (bk * split * 2) >= 4:
-        split *= 2
+    if split is None:
+        split = 1
+        while tiles * split < 4 * sms and k_iter_cols // (bk * split * 2) >= 4:
+            split *= 2
     # NOTE(h7): the first weight tile before the PDL wait took 0.6-2.6 us off each dense and int8
     # GEMV of the 8B shapes on the H100; the int4 GEMV's larger shapes lost up to 15 us to it (its
     # registers doubled), so int4 leaves it to tuning
