@@ -293,6 +293,7 @@ def main() -> None:
     p.add_argument("--hf", default="", help="comma list of eager,compiled")
     p.add_argument("--json", default="")
     p.add_argument("--profile", action="store_true", help="kernel times of one batch-1 step per format")
+    p.add_argument("--torch-argmax", action="store_true", help="greedy picks by torch.argmax (the baseline)")
     p.add_argument("--no-pdl", action="store_true", help="launch the kernels without programmatic dependent launch")
     p.add_argument(
         "--no-tune",
@@ -313,6 +314,7 @@ def main() -> None:
         "group_size": a.group,
         "pdl": not a.no_pdl,
         "tuned": not a.no_tune,
+        "argmax": "torch" if a.torch_argmax else "kernels.argmax",
         "date": time.strftime("%Y-%m-%d"),
     }
     import triton
@@ -328,6 +330,7 @@ def main() -> None:
     for mode in [m for m in a.modes.split(",") if m in ("bf16", "cublas", "int8", "int4")]:
         t0 = time.perf_counter()
         dec = Decoder(shape, mode, a.group)
+        dec.torch_argmax = a.torch_argmax
         wbytes = dec.linear_bytes()
         print(
             f"{mode}: weights built in {time.perf_counter() - t0:.1f} s, {wbytes / 1e9:.2f} GB of linears", flush=True

@@ -19,6 +19,7 @@ import torch.nn.functional as F  # noqa: N812 (the torch convention)
 
 from kernels import reference
 from kernels.activation import silu_and_mul
+from kernels.argmax import argmax
 from kernels.dense_gemv import MODEL_ROWS, dense_gemv
 from kernels.paged_attention import paged_decode_attention
 from kernels.quant_matmul import int4_matmul, int8_matmul
@@ -124,6 +125,8 @@ class Decoder:
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, device=dev).float() / s.head_dim))
         ang = torch.outer(torch.arange(131072, device=dev).float(), inv)  # (P, hd/2)
         self.cos, self.sin = ang.cos().contiguous(), ang.sin().contiguous()
+        self.torch_argmax = False
+        """Pick with ``torch.argmax`` instead of ``kernels.argmax`` (the baseline it replaced)."""
 
     def linear_bytes(self) -> int:
         """Bytes of all linear weights (the LM head included): what one decode step must read."""
@@ -155,7 +158,10 @@ class Decoder:
             x = layer.down(layer.gate_up(h), gated=True)  # int8 / int4 apply SiLU-and-mul as they load
         h, _ = rms_norm_residual(x, res, self.norm, s.eps)
         logits = self.lm_head(h)  # (b, V)
-        st.ids.copy_(logits.argmax(-1))
+        if self.torch_argmax:
+            st.ids.copy_(logits.argmax(-1))
+        else:
+            argmax(logits, out=st.ids)
         st.advance()
 
 

@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 
 __all__ = [
     "HAS_TRITON",
+    "arrival_counters",
     "can_launch",
     "check",
     "check_dtype",
@@ -93,6 +94,25 @@ def split_count(programs: int, device: torch.device) -> int:
     """Splits that bring ``programs`` up to two per multiprocessor: between 1 and ``MAX_SPLITS``."""
     want = -(-2 * num_sms(device) // max(1, programs))
     return max(1, min(MAX_SPLITS, want))
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_ALL_COUNTERS: list[torch.Tensor] = []
+
+
+def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least ``n`` int32 arrival counters (the last of a group of programs to arrive finishes its work).
+
+    NOTE(h7): every launch leaves its counters at zero, so launches in one stream can share them; two
+    streams running such kernels at the same time could not. A buffer is never freed once made: a
+    captured CUDA graph keeps its address.
+    """
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
+        _ALL_COUNTERS.append(buf)
+        _COUNTERS[device] = buf
+    return buf
 
 
 _PDL = {"enabled": True}

@@ -3,7 +3,7 @@
 
 Owns ``Config`` and the config table (``set_config``), the default config per shape, the Triton
 helpers the matmul kernels share (loading x with SiLU-and-mul fused, storing a tile with split-K
-finished in the same launch), the split-K arrival counters and ``launch``. Does not own the
+finished in the same launch) and ``launch``. Does not own the
 kernels' inner loops nor the weight formats (``kernels.quant_matmul``, ``kernels.dense_gemv``,
 ``kernels.reference``).
 """
@@ -15,7 +15,7 @@ from typing import Literal
 
 import torch
 
-from kernels._common import dot_in_fp32, num_sms, pdl_args, tl, triton
+from kernels._common import arrival_counters, dot_in_fp32, num_sms, pdl_args, tl, triton
 
 GEMV_MAX_ROWS = 4
 """Rows of ``x`` up to which the GEMV path can be the default (``_gemv_default``)."""
@@ -206,25 +206,6 @@ if triton is not None:
                 tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_ALL_COUNTERS: list[torch.Tensor] = []
-
-
-def _counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """Split-K arrival counters for ``tiles`` output tiles: zero between launches, shared by all launches.
-
-    NOTE(h7): every launch leaves its counters at zero, so launches in one stream can share them; two
-    streams running split-K matmuls at the same time could not. A buffer is never freed once made: a
-    captured CUDA graph keeps its address.
-    """
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < tiles:
-        buf = torch.zeros(max(tiles, 1 << 14), dtype=torch.int32, device=device)
-        _ALL_COUNTERS.append(buf)
-        _COUNTERS[device] = buf
-    return buf
-
-
 def launch(
     kernel: object,
     x: torch.Tensor,
@@ -250,7 +231,7 @@ def launch(
     part, counters = out, out  # placeholders without split-K: never read
     if split > 1:
         part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-        counters = _counters(x.device, grid[0] * grid[1])
+        counters = arrival_counters(x.device, grid[0] * grid[1])
     kernel[grid](  # type: ignore[index]
         x,
         *tensors,

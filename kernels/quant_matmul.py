@@ -23,10 +23,10 @@ import torch
 
 from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, tl, triton
-from kernels._matmul_launch import _COUNTERS, GEMV_MAX_ROWS, Config, Kind, config_for, launch, set_config
+from kernels._matmul_launch import GEMV_MAX_ROWS, Config, Kind, config_for, launch, set_config
 from kernels.activation import silu_and_mul
 
-__all__ = ["GEMV_MAX_ROWS", "_COUNTERS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
+__all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
 
 if triton is not None:
     from kernels._common import pdl_enter

@@ -39,6 +39,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate) * up).to(x.dtype)
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """``(B, V) -> (B,)`` int64: each row's first index of its maximum, a NaN counting as the maximum (torch's)."""
+    return x.argmax(dim=-1)
+
+
 def rope_write_kv(
     q: torch.Tensor,
     k: torch.Tensor,

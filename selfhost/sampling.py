@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from kernels.argmax import argmax
 from selfhost.models.ops import upload
 
 if TYPE_CHECKING:
@@ -98,7 +99,9 @@ class PendingSample:
     def __init__(self, logits: torch.Tensor, requests: Sequence[Request]) -> None:
         """Start picking each request's next token from its ``(B, V)`` fp32 logits row."""
         self.requests = requests
-        self.picked = logits.argmax(dim=-1)  # (B,) greedy for all, then overwrite the random ones
+        # (B,) greedy for all, then overwrite the random ones; the kernel on the GPU only (on the CPU
+        # it would run under Triton's interpreter wherever a test session turned that on)
+        self.picked = argmax(logits) if logits.is_cuda else logits.argmax(dim=-1)
         """(B,) the picks on the device; seeded rows hold the argmax until ``resolve``."""
         batched = [i for i, req in enumerate(requests) if not req.params.greedy and req.generator is None]
         if batched:

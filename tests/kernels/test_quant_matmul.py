@@ -148,7 +148,7 @@ def test_int8_matmul_gated_rejects_ungated_width(device):
 
 def test_split_k_repeats_bit_exactly_and_leaves_counters_at_zero(device):
     """The in-launch split-K reduction sums in split order and resets its counters for the next launch."""
-    from kernels import quant_matmul
+    from kernels import _common
 
     n, k, group = (4099, 4096, 64) if ON_GPU else (33, 128, 16)
     cfg = Config("gemv", 32, 128, 4) if ON_GPU else Config("gemv", 16, 16, 3)
@@ -157,7 +157,7 @@ def test_split_k_repeats_bit_exactly_and_leaves_counters_at_zero(device):
     first = int4_matmul(x, packed, s, z, group, config=cfg)
     second = int4_matmul(x, packed, s, z, group, config=cfg)
     assert torch.equal(first, second)
-    assert int(quant_matmul._COUNTERS[x.device].abs().sum()) == 0
+    assert int(_common._COUNTERS[x.device].abs().sum()) == 0
     ref = reference.int4_matmul(x.cpu(), packed.cpu(), s.cpu(), z.cpu(), group)
     assert _rel_err(first.cpu(), ref) < 1e-3
 
