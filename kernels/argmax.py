@@ -92,13 +92,15 @@ if triton is not None:
                 tl.atomic_xchg(cnt_ptr + row, 0)
 
 
-def argmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def argmax(x: torch.Tensor, out: torch.Tensor | None = None, *, pdl: bool = True) -> torch.Tensor:
     """``(B, V) -> (B,)`` int64: each row's first index of its maximum (``torch.argmax(x, -1)``).
 
     Args:
         x: ``(B, V)`` scores, fp32, fp16 or bf16, contiguous along V.
         out: where to write the picks, a ``(B,)`` int64 tensor on x's device (a CUDA graph's static
             ids, say); a new tensor when None.
+        pdl: launch with programmatic dependent launch (``kernels._common.pdl_args``) where the
+            device has it: inside a step, after the kernel that wrote x; off after a graph replay.
 
     Raises:
         ValueError: x is not 2-D with at least one column, has an unsupported dtype, or ``out`` does
@@ -135,6 +137,6 @@ def argmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         BLOCK=block,
         BLOCK_P=next_pow2(programs),
         num_warps=4 if block >= 1024 else 1,
-        **pdl_args(x),
+        **(pdl_args(x) if pdl else {}),
     )
     return out

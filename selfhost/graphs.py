@@ -13,6 +13,7 @@ decode-only (``runner``), the kernels (``kernels/``) nor sampling (``sampling``)
 
 from __future__ import annotations
 
+import gc
 from typing import TYPE_CHECKING
 
 import torch
@@ -40,8 +41,20 @@ def capture(
         step()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = step()
+    # NOTE(crossway): a dead engine's graphs (held in a reference cycle) freed by the garbage
+    # collector in the middle of a capture release device memory there, which invalidates the
+    # capture ("operation failed due to a previous error during capture"; seen on the H100 when a
+    # test built engines back to back). torch no longer collects before a capture, so collect here
+    # and keep the collector off until the capture ends.
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            out = step()
+    finally:
+        if collecting:
+            gc.enable()
     return graph, out
 
 

@@ -101,7 +101,7 @@ class PendingSample:
         self.requests = requests
         # (B,) greedy for all, then overwrite the random ones; the kernel on the GPU only (on the CPU
         # it would run under Triton's interpreter wherever a test session turned that on)
-        self.picked = argmax(logits) if logits.is_cuda else logits.argmax(dim=-1)
+        self.picked = argmax(logits, pdl=False) if logits.is_cuda else logits.argmax(dim=-1)
         """(B,) the picks on the device; seeded rows hold the argmax until ``resolve``."""
         batched = [i for i, req in enumerate(requests) if not req.params.greedy and req.generator is None]
         if batched:
