@@ -141,8 +141,18 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             # NOTE(h7): the int4 GEMV over the 8B shapes (PTX nibble unpack): 16 rows x 512 bytes over
             # 2 warps was the fastest for gate_up and the LM head
             bn, bk, warps = 16, 512, 2
+        elif n * k_iter_cols > 1 << 22:
+            # NOTE(h7): the int4 GEMV over SmolLM2's LM head (49,152 x 576, GGUF's group of 32) on the
+            # H100 at batch 1: 16 rows x 128 bytes over 1 warp, 13.2 us, where 32 rows over 4 warps
+            # took 16.9 (2026-11-26)
+            bn, bk, warps = 16, 128, 1
         else:
-            bn, bk = 32, 128
+            # NOTE(h7): SmolLM2's other int4 shapes (K 576 and 1,536) on the H100 at batch 1: 2 to 4
+            # rows a program, the row's K in one or two 512-byte steps, 1.5-2.7 us a shape, where 32
+            # rows x 128 bytes over 4 warps took 2.8-6.5 (qkv 1.5 / 2.9, o 1.5 / 2.9, gate_up 2.0 /
+            # 3.8, down 2.7 / 6.5; 2026-11-26): more programs, each with its loads at once in flight
+            bn, bk, prefetch = (2 if n <= 1024 else 4), 512, True
+            warps = 1 if k_iter_cols <= 512 else 4
         bk = max(bk, group)
         path: Literal["gemv", "tiled"] = "gemv"
         # NOTE(h7): counted per row, so that 1 to GEMV_MAX_ROWS rows split K alike and a row's

@@ -83,7 +83,7 @@ def _default(kind: Kind, rows: int, n: int, k_iter: int, group: int) -> tuple[di
 
 def cases() -> list[Case]:
     """The variants the launchers use, with their default configs' tile sizes and warps (the 8B down projection's)."""
-    from kernels import activation, dense_gemv, paged_attention, paged_prefill, quant_matmul, rmsnorm, rope_kv
+    from kernels import activation, argmax, dense_gemv, paged_attention, paged_prefill, quant_matmul, rmsnorm, rope_kv
 
     mm = {"part_ptr": "*fp32", "cnt_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32"}
     gemv = {"GEMV": True, "DOT_F32": False, "ASM": True, "PDL": True}
@@ -105,6 +105,10 @@ def cases() -> list[Case]:
     for exact, prefetch in ((False, False), (True, False), (False, True)):  # int4 leaves the prefetch to tuning
         c = {**gemv, **tile, "G": 128, "GATED": True, "EXACT": exact, "PREFETCH": prefetch}
         out.append(Case(f"int4 gemv exact={exact} prefetch={prefetch}", quant_matmul._int4_kernel, c, w4, warps))
+    for small_n, small_k in ((576, 1536), (49152, 576)):  # SmolLM2's down and LM head, GGUF's group of 32
+        tile, warps, prefetch = _default("int4", 1, small_n, small_k // 2, 32)
+        c = {**gemv, **tile, "G": 32, "GATED": False, "EXACT": False, "PREFETCH": prefetch}
+        out.append(Case(f"int4 gemv {small_n}x{small_k}", quant_matmul._int4_kernel, c, w4, warps))
     tile, warps, _ = _default("int4", 64, n, k // 2, 128)
     c = {**tiled, **tile, "G": 128, "GATED": True, "EXACT": False}
     out.append(Case("int4 tiled", quant_matmul._int4_kernel, c, w4, warps))
@@ -162,6 +166,10 @@ def cases() -> list[Case]:
     rope = {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64"}
     out.append(Case("rope + kv write", rope_kv._rope_write_kv_kernel, c, rope))
     out.append(Case("silu and mul", activation._silu_and_mul_kernel, {"BLOCK": 1024, "PDL": True}, {}))
+    for x_type in ("*bf16", "*fp32"):
+        types = {"x_ptr": x_type, "out_ptr": "*i64", "part_ptr": "*i32", "cnt_ptr": "*i32"}
+        c = {"BLOCK": argmax.BLOCK, "BLOCK_P": 32, "PDL": True}
+        out.append(Case(f"argmax x={x_type[1:]}", argmax._argmax_kernel, c, types))
     return out
 
 
