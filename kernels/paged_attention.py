@@ -62,7 +62,6 @@ if triton is not None:
         PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" keeps fp32 inputs off tf32
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        pdl_enter(PDL)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         sp = tl.program_id(2)
@@ -71,45 +70,70 @@ if triton is not None:
         gmask = g < G
         dmask = d < HD
         heads = kvh * G + g  # (BLOCK_G,) query heads of this group
+        # NOTE(h7): lengths, block tables and every key but the newest were written before the kernel
+        # this one waits for (rope_write_kv writes q and the newest key), so they load before the PDL
+        # wait: with a launch the length of a tile or two, the first tile's DRAM round trips overlap it
         seq_len = tl.load(lens_ptr + b)
         # this program's keys: one of S equal runs of whole tiles of this context (so a captured graph
         # splits a short context as finely as a long one, and no program walks it alone)
         part = tl.cdiv(tl.cdiv(seq_len, S), BLOCK_N) * BLOCK_N
         start = sp * part
         end = tl.minimum(start + part, seq_len)
+        t = start + tl.arange(0, BLOCK_N)
+        tmask = t < end
+        # the first tile loads before the wait unless it holds the newest key (position seq_len - 1)
+        early = start + BLOCK_N < seq_len
+        kv_off, kvmask = _kv_offsets(table_ptr, b, st_b, kvh, t, tmask, d, dmask, sc_blk, sc_tok, sc_h, BS)
+        k = tl.load(kc_ptr + kv_off, mask=kvmask & early, other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=kvmask & early, other=0.0)
+        pdl_enter(PDL)
         out_off = ((b * (S * G * tl.num_programs(1)) + heads * S + sp) * HD)[:, None] + d[None, :]
         lse_off = b * (S * G * tl.num_programs(1)) + heads * S + sp
         if start >= end:
             tl.store(part_out_ptr + out_off, tl.zeros((BLOCK_G, BLOCK_D), tl.float32), mask=gmask[:, None] & dmask)
             tl.store(part_lse_ptr + lse_off, tl.full((BLOCK_G,), float("-inf"), tl.float32), mask=gmask)
         else:
+            if start + BLOCK_N >= seq_len:
+                k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
+                v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
             q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None] & dmask, other=0.0)
             if DOT_F32:
                 q = q.to(tl.float32)
             m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
             lsum = tl.zeros((BLOCK_G,), tl.float32)
             acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
-            for t0 in range(start, end, BLOCK_N):
+            m, lsum, acc = _attend(q, k, v, tmask, m, lsum, acc, scale_log2, DOT_F32, PRECISION)
+            for t0 in range(start + BLOCK_N, end, BLOCK_N):
                 t = t0 + tl.arange(0, BLOCK_N)
                 tmask = t < end
-                blk = tl.load(table_ptr + b * st_b + t // BS, mask=tmask, other=0).to(tl.int64)
-                kv_off = (blk * sc_blk + (t % BS) * sc_tok + kvh * sc_h)[:, None] + d[None, :]  # (BLOCK_N, BLOCK_D)
-                kvmask = tmask[:, None] & dmask[None, :]
+                kv_off, kvmask = _kv_offsets(table_ptr, b, st_b, kvh, t, tmask, d, dmask, sc_blk, sc_tok, sc_h, BS)
                 k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
                 v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
-                if DOT_F32:
-                    k = k.to(tl.float32)
-                    v = v.to(tl.float32)
-                scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_G, BLOCK_N)
-                scores = tl.where(tmask[None, :], scores, float("-inf"))
-                m_new = tl.maximum(m, tl.max(scores, axis=1))
-                alpha = tl.exp2(m - m_new)
-                p = tl.exp2(scores - m_new[:, None])
-                lsum = lsum * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-                m = m_new
+                m, lsum, acc = _attend(q, k, v, tmask, m, lsum, acc, scale_log2, DOT_F32, PRECISION)
             tl.store(part_out_ptr + out_off, acc / lsum[:, None], mask=gmask[:, None] & dmask)
             tl.store(part_lse_ptr + lse_off, m + tl.log2(lsum), mask=gmask)
+
+    @triton.jit
+    def _kv_offsets(table_ptr, b, st_b, kvh, t, tmask, d, dmask, sc_blk, sc_tok, sc_h, BS: tl.constexpr):
+        """Cache offsets and mask of the ``(BLOCK_N, BLOCK_D)`` key (and value) tile of context positions ``t``."""
+        blk = tl.load(table_ptr + b * st_b + t // BS, mask=tmask, other=0).to(tl.int64)
+        kv_off = (blk * sc_blk + (t % BS) * sc_tok + kvh * sc_h)[:, None] + d[None, :]  # (BLOCK_N, BLOCK_D)
+        return kv_off, tmask[:, None] & dmask[None, :]
+
+    @triton.jit
+    def _attend(q, k, v, tmask, m, lsum, acc, scale_log2, DOT_F32: tl.constexpr, PRECISION: tl.constexpr):
+        """One key tile of online softmax: the running max ``m``, sum ``lsum`` and output ``acc``, updated."""
+        if DOT_F32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_G, BLOCK_N)
+        scores = tl.where(tmask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        lsum = lsum * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        return m_new, lsum, acc
 
     @triton.jit
     def _decode_reduce_kernel(
