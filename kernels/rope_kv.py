@@ -46,18 +46,14 @@ if triton is not None:
         BLOCK_D: tl.constexpr,  # power of two >= HALF
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
+        pdl_enter(PDL)
         tok = tl.program_id(0)
         heads = tl.arange(0, BLOCK_H)[:, None]  # (BLOCK_H, 1)
         d = tl.arange(0, BLOCK_D)[None, :]  # (1, BLOCK_D)
         dmask = d < HALF
-        # NOTE(h7): positions and slots are a step's inputs and the tables constants, none written by
-        # the kernel this one waits for (the qkv projection), so their loads, two round trips in a
-        # row, come before the PDL wait and overlap that kernel's tail
         pos = tl.load(pos_ptr + tok).to(tl.int64)
         c = tl.load(cos_ptr + pos * s_cos + d, mask=dmask, other=0.0).to(tl.float32)  # (1, BLOCK_D)
         s = tl.load(sin_ptr + pos * s_cos + d, mask=dmask, other=0.0).to(tl.float32)
-        slot = tl.load(slot_ptr + tok).to(tl.int64)
-        pdl_enter(PDL)
 
         qmask = (heads < NH) & dmask
         q_base = q_ptr + tok * sq_n + heads * sq_h + d
@@ -67,6 +63,7 @@ if triton is not None:
         tl.store(q_base, (q1f * c - q2f * s).to(q1.dtype), mask=qmask)
         tl.store(q_base + HALF, (q2f * c + q1f * s).to(q1.dtype), mask=qmask)
 
+        slot = tl.load(slot_ptr + tok).to(tl.int64)
         if slot >= 0:
             kmask = (heads < NKV) & dmask
             k_base = k_ptr + tok * sk_n + heads * sk_h + d
