@@ -4,8 +4,8 @@
 A row of a large vocabulary (128,256 scores for Llama 3) is cut into tiles of a few thousand
 scores, one program each; every program writes its tile's best, and the last of a row's programs
 to arrive (an arrival counter per row, as split-K uses) picks the row's best among them. torch's
-own argmax reduces one row in a single thread block, which took 33-38 us a decode step on the H100
-for that vocabulary (the 8B bench's profile, 2026-11-25).
+argmax (its generic reduction kernel) took 33-38 us a decode step on the H100 over that vocabulary
+(the 8B bench's profile, 2026-11-25); this kernel 3.9 us (2026-11-26).
 
 Owns the Triton kernel and its launcher; semantics are ``kernels.reference.argmax`` (torch's:
 the first index of the maximum, a NaN counting as the maximum), which the launcher falls back to

@@ -36,6 +36,28 @@ if triton is not None:
     from kernels._common import pdl_enter
 
     @triton.jit
+    def _kv_offsets(table_ptr, b, st_b, kvh, t, tmask, d, dmask, sc_blk, sc_tok, sc_h, BS: tl.constexpr):
+        """Cache offsets and mask of the ``(BLOCK_N, BLOCK_D)`` key (and value) tile of context positions ``t``."""
+        blk = tl.load(table_ptr + b * st_b + t // BS, mask=tmask, other=0).to(tl.int64)
+        kv_off = (blk * sc_blk + (t % BS) * sc_tok + kvh * sc_h)[:, None] + d[None, :]  # (BLOCK_N, BLOCK_D)
+        return kv_off, tmask[:, None] & dmask[None, :]
+
+    @triton.jit
+    def _attend(q, k, v, tmask, m, lsum, acc, scale_log2, DOT_F32: tl.constexpr, PRECISION: tl.constexpr):
+        """One key tile of online softmax: the running max ``m``, sum ``lsum`` and output ``acc``, updated."""
+        if DOT_F32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_G, BLOCK_N)
+        scores = tl.where(tmask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        lsum = lsum * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        return m_new, lsum, acc
+
+    @triton.jit
     def _decode_split_kernel(
         q_ptr,  # (B, NH, HD) queries
         kc_ptr,  # (num_blocks, BS, NKV, HD) key cache
@@ -70,9 +92,10 @@ if triton is not None:
         gmask = g < G
         dmask = d < HD
         heads = kvh * G + g  # (BLOCK_G,) query heads of this group
-        # NOTE(h7): lengths, block tables and every key but the newest were written before the kernel
-        # this one waits for (rope_write_kv writes q and the newest key), so they load before the PDL
-        # wait: with a launch the length of a tile or two, the first tile's DRAM round trips overlap it
+        # NOTE(h7): the kernel this one waits for (rope_write_kv) writes q and each row's newest key;
+        # lengths, block tables and older keys come from kernels before it, all finished once this one
+        # starts (a PDL launch waits for its predecessor to pass its own wait). So they load before the
+        # wait, their round trips to memory overlapping the rotary kernel.
         seq_len = tl.load(lens_ptr + b)
         # this program's keys: one of S equal runs of whole tiles of this context (so a captured graph
         # splits a short context as finely as a long one, and no program walks it alone)
@@ -112,28 +135,6 @@ if triton is not None:
                 m, lsum, acc = _attend(q, k, v, tmask, m, lsum, acc, scale_log2, DOT_F32, PRECISION)
             tl.store(part_out_ptr + out_off, acc / lsum[:, None], mask=gmask[:, None] & dmask)
             tl.store(part_lse_ptr + lse_off, m + tl.log2(lsum), mask=gmask)
-
-    @triton.jit
-    def _kv_offsets(table_ptr, b, st_b, kvh, t, tmask, d, dmask, sc_blk, sc_tok, sc_h, BS: tl.constexpr):
-        """Cache offsets and mask of the ``(BLOCK_N, BLOCK_D)`` key (and value) tile of context positions ``t``."""
-        blk = tl.load(table_ptr + b * st_b + t // BS, mask=tmask, other=0).to(tl.int64)
-        kv_off = (blk * sc_blk + (t % BS) * sc_tok + kvh * sc_h)[:, None] + d[None, :]  # (BLOCK_N, BLOCK_D)
-        return kv_off, tmask[:, None] & dmask[None, :]
-
-    @triton.jit
-    def _attend(q, k, v, tmask, m, lsum, acc, scale_log2, DOT_F32: tl.constexpr, PRECISION: tl.constexpr):
-        """One key tile of online softmax: the running max ``m``, sum ``lsum`` and output ``acc``, updated."""
-        if DOT_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_G, BLOCK_N)
-        scores = tl.where(tmask[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        lsum = lsum * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        return m_new, lsum, acc
 
     @triton.jit
     def _decode_reduce_kernel(
