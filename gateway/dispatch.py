@@ -235,7 +235,8 @@ class Dispatcher:
 
     def _skip_reason(self, target: Target, now: float) -> str | None:
         cap = target.max_concurrency
-        if cap is not None and self.router.stats[target.key].in_flight >= cap:
+        stats = self.router.stats[target.key]
+        if cap is not None and stats.in_flight + stats.elsewhere >= cap:
             return "at_capacity"
         if not self.router.breakers[target.key].acquire(now):
             return "breaker_open"

@@ -78,7 +78,9 @@ class TargetSpec(msgspec.Struct, forbid_unknown_fields=True):
     batch_discount: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
     """Share of the price taken off for requests in the ``batch`` SLO class (0.5 = half price)."""
     max_concurrency: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    """In-flight requests this deployment takes from one gateway replica; beyond it, it is skipped."""
+    """In-flight requests this deployment takes; beyond it, it is skipped. Counted over every gateway
+    replica when Redis is configured (``gateway.inflight``: each replica adds the others' counts as of
+    its last sync, at most 0.1 s old), else per replica."""
     attempt_timeout_s: Positive | None = None
     """Time allowed to the first byte of one attempt; ``None`` means the provider's timeout."""
 

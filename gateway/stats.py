@@ -2,11 +2,15 @@
 
 Owns, per deployment (``provider/model``) and per gateway replica: windows of recent TTFT and TPOT
 samples with their quantiles (also kept per band of load, for engines whose latency follows their
-batch: the engine's own count where it reports one, else this replica's in-flight count), an exponentially weighted error rate, and the count of requests in flight. Does not own decisions (``gateway.router``) or breakers (``gateway.breaker``).
+batch: the engine's own count where it reports one, else this replica's in-flight count), an
+exponentially weighted error rate, and the count of requests in flight (this replica's, and the
+other replicas' as ``gateway.inflight`` last read them). Does not own decisions
+(``gateway.router``) or breakers (``gateway.breaker``).
 
 NOTE(hsim): statistics are per replica, not shared through Redis. Every replica sees a sample of the
 same traffic, so its quantiles converge to the same values; sharing would put a Redis round trip on
-every request's path for little gain. What a replica cannot see is the others' load: an engine's
+every request's path for little gain. Only the in-flight counts are shared, off that path, for
+concurrency caps (``gateway.inflight``). What a replica cannot see is the others' load: an engine's
 samples are filed, and looked up, by the load the engine itself reports (``Decision.loads``), not
 by this replica's in-flight count. With that, two and four replicas behind round-robin reached
 98-100 % of one replica's goodput per dollar in bench/routing_sim.py (``crossway-x2``, ``-x4``).
@@ -84,6 +88,8 @@ class Observed:
     engine: EngineLoad | None = None
     """For a self-hosted engine whose load is known: its queue and free KV cache."""
     tpot_share_within: float | None = None
+    elsewhere: int = 0
+    """Requests in flight to it from the other gateway replicas, as last read (``gateway.inflight``)."""
 
 
 LOAD_BAND = 4
@@ -108,6 +114,8 @@ class DeploymentStats:
         self.tpot = Window(window)
         self.error_rate = 0.0
         self.in_flight = 0
+        self.elsewhere = 0
+        """Requests in flight from the other replicas, as ``gateway.inflight`` last read them (0 without Redis)."""
         self.outcomes = 0
         self._window = window
         self.by_load: dict[int, tuple[Window, Window]] = {}
@@ -159,6 +167,7 @@ class DeploymentStats:
             tpot_p95=tpot.quantile(0.95),
             error_rate=self.error_rate,
             in_flight=self.in_flight,
+            elsewhere=self.elsewhere,
             samples=len(ttft),
             ttft_share_within=ttft.share_at_most(ttft_limit) if ttft_limit is not None else None,
             tpot_share_within=tpot.share_at_most(tpot_limit) if tpot_limit is not None else None,

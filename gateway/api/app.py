@@ -23,6 +23,7 @@ from gateway.api.errors import handle_exception
 from gateway.auth import Authenticator
 from gateway.cache.responses import ResponseCache
 from gateway.cache.store import build_store
+from gateway.inflight import InFlightShare
 from gateway.ledger import build_ledger
 from gateway.obs import logging as obs_logging
 from gateway.obs.metrics import Metrics
@@ -97,6 +98,9 @@ def create_app(settings: Settings) -> Litestar:
             watcher=watcher,
         )
         await watcher.start(settings.policy_path.parent)  # the stored policy, if newer than the file, wins
+        inflight = InFlightShare(redis, runtime.router.stats) if redis is not None else None
+        if inflight is not None:
+            await inflight.start()
         await ledger.start()
         if raw := await bootstrap(settings, keys):
             print(f"crossway: created tenant 'default' with API key (shown once): {raw}", file=sys.stderr)  # noqa: T201
@@ -110,6 +114,8 @@ def create_app(settings: Settings) -> Litestar:
             yield
         finally:
             await watcher.aclose()
+            if inflight is not None:
+                await inflight.aclose()
             await pipeline.runtime.aclose()
             await ledger.aclose()  # after the last request: flushes every usage record
             await responses.store.aclose()

@@ -1,4 +1,5 @@
-"""Two gateway processes sharing PostgreSQL and Redis: a policy edit made on one is in force on both.
+"""Two gateway processes sharing PostgreSQL and Redis: a policy edit made on one is in force on both,
+and a deployment's concurrency cap counts the requests of both.
 
 Each test run gets its own PostgreSQL database (created and dropped here) so that migrations and
 policy versions never meet another run's. The gateways are real ``crossway serve`` processes.
@@ -11,6 +12,7 @@ import os
 import signal
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -40,6 +42,18 @@ models:
   chat:
     targets:
       - {{provider: openai, model: gpt-4o-mini, price: {{input: {openai_price}, output: {openai_price}}}}}
+      - {{provider: anthropic, model: claude-haiku-4-5, price: {{input: 1, output: 5}}}}
+"""
+
+CAPPED = """
+providers:
+  openai: {{kind: openai, base_url: "{url}/v1", api_key_env: OPENAI_API_KEY}}
+  anthropic: {{kind: anthropic, base_url: "{url}", api_key_env: ANTHROPIC_API_KEY}}
+routing: {{explore_share: 0}}
+models:
+  chat:
+    targets:
+      - {{provider: openai, model: slow-1500, price: {{input: 0.1, output: 0.1}}, max_concurrency: 1}}
       - {{provider: anthropic, model: claude-haiku-4-5, price: {{input: 1, output: 5}}}}
 """
 
@@ -75,6 +89,11 @@ def _serve(tmp_path: Path, database_url: str, policy: Path) -> tuple[subprocess.
     return serve_process(tmp_path, env)
 
 
+def _served(client: openai.OpenAI) -> str:
+    raw = client.chat.completions.with_raw_response.create(model="chat", messages=[{"role": "user", "content": "hi"}])
+    return raw.headers["x-crossway-deployment"]
+
+
 def test_policy_edit_on_one_replica_takes_effect_on_the_other(
     tmp_path: Path, upstream: FakeUpstream, shared_database: str
 ):
@@ -89,13 +108,7 @@ def test_policy_edit_on_one_replica_takes_effect_on_the_other(
         admin = {"authorization": f"Bearer {ADMIN_KEY}"}
         key = httpx.post(f"{a}/admin/keys", json={"tenant": "acme"}, headers=admin).json()["key"]
         clients = [openai.OpenAI(base_url=f"{u}/v1", api_key=key, max_retries=0) for u in (a, b)]
-
-        def served(client: openai.OpenAI) -> str:
-            raw = client.chat.completions.with_raw_response.create(
-                model="chat", messages=[{"role": "user", "content": "hi"}]
-            )
-            return raw.headers["x-crossway-deployment"]
-
+        served = _served
         assert [served(c) for c in clients] == ["openai/gpt-4o-mini"] * 2
         saved = httpx.put(
             f"{a}/admin/policies/shared",
@@ -109,6 +122,40 @@ def test_policy_edit_on_one_replica_takes_effect_on_the_other(
             assert time.monotonic() < deadline, "the second replica never took the edit"
             time.sleep(0.05)
         assert served(clients[1]) == "anthropic/claude-haiku-4-5"
+        for client in clients:
+            client.close()
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            proc.wait(timeout=20)
+
+
+def test_a_concurrency_cap_counts_the_requests_of_every_replica(
+    tmp_path: Path, upstream: FakeUpstream, shared_database: str
+):
+    policy = tmp_path / "capped.yaml"
+    policy.write_text(CAPPED.format(url=upstream.url))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        first, a = _serve(tmp_path, shared_database, policy)
+        procs.append(first)
+        second, b = _serve(tmp_path, shared_database, policy)
+        procs.append(second)
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        key = httpx.post(f"{a}/admin/keys", json={"tenant": "acme"}, headers=admin).json()["key"]
+        clients = [openai.OpenAI(base_url=f"{u}/v1", api_key=key, max_retries=0) for u in (a, b)]
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(_served, clients[0])  # the cheap deployment's one slot, for 1.5 s, on replica a
+            deadline = time.monotonic() + 5
+            while not any(r.body and r.body.get("model") == "slow-1500" for r in upstream.requests):
+                assert time.monotonic() < deadline, "the first request never reached the upstream"
+                time.sleep(0.02)
+            time.sleep(0.4)  # replica b reads a's count at its next sync (every 0.1 s)
+            assert _served(clients[1]) == "anthropic/claude-haiku-4-5"  # per replica, b would have taken it
+            assert held.result(timeout=10) == "openai/slow-1500"
+        time.sleep(0.4)  # a's request ended: b reads the slot free again
+        assert _served(clients[1]) == "openai/slow-1500"
         for client in clients:
             client.close()
     finally:

@@ -44,7 +44,7 @@ def replica(model, cap=10):
     return Target("gpu", model, None, max_concurrency=cap)
 
 
-def seen(ttft=0.2, tpot=0.02, *, n=50, err=0.0, in_flight=0, ttft_share=None, tpot_share=None):
+def seen(ttft=0.2, tpot=0.02, *, n=50, err=0.0, in_flight=0, elsewhere=0, ttft_share=None, tpot_share=None):
     return Observed(
         ttft_p50=ttft,
         ttft_p95=ttft,
@@ -52,6 +52,7 @@ def seen(ttft=0.2, tpot=0.02, *, n=50, err=0.0, in_flight=0, ttft_share=None, tp
         tpot_p95=tpot,
         error_rate=err,
         in_flight=in_flight,
+        elsewhere=elsewhere,
         samples=n,
         ttft_share_within=ttft_share,
         tpot_share_within=tpot_share,
@@ -150,6 +151,14 @@ def test_route_falls_back_to_the_likeliest_to_meet_the_slo_when_none_qualifies(s
         ({"api/cheap": "half_open"}, {}, ["cheap", "mid", "dear"], {}),
         ({}, {"api/cheap": seen(in_flight=4)}, ["mid", "dear", "cheap"], {"cheap": "at concurrency cap (4)"}),
         ({}, {"api/cheap": seen(in_flight=3)}, ["cheap", "mid", "dear"], {}),
+        # the cap counts other replicas' requests too (gateway.inflight)
+        (
+            {},
+            {"api/cheap": seen(in_flight=1, elsewhere=3)},
+            ["mid", "dear", "cheap"],
+            {"cheap": "at concurrency cap (4)"},
+        ),
+        ({}, {"api/cheap": seen(in_flight=1, elsewhere=2)}, ["cheap", "mid", "dear"], {}),
         (
             {"api/mid": "open"},
             {"api/cheap": seen(in_flight=9), "api/dear": seen(ttft=2.0)},
