@@ -108,6 +108,13 @@ class Simulation:
         ttft, tpot = self.latency(key, i, float(z_ttft), float(z_tpot))
         return Attempt(True, ttft, tpot, ttft + tpot * int(self.trace.output_tokens[i]), request=i)
 
+    def attempt_if_ok(self, key: str, i: int) -> Attempt:
+        """The latencies request ``i`` would see on ``key`` now if its attempt did not fail (pure)."""
+        d = self.index[key]
+        z_ttft, z_tpot = self.trace.z[i, d]
+        ttft, tpot = self.latency(key, i, float(z_ttft), float(z_tpot))
+        return Attempt(True, ttft, tpot, ttft + tpot * int(self.trace.output_tokens[i]), request=i)
+
     def latency(self, key: str, i: int, z_ttft: float, z_tpot: float) -> tuple[float, float]:
         """TTFT and TPOT of request ``i`` on ``key`` now, at the given quantiles (standard normal scores)."""
         dep = self.deployments[key]

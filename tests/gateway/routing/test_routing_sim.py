@@ -45,7 +45,7 @@ def test_simulation_is_deterministic_for_a_seed(tiny):
     assert make_trace(4, 0.5, 2.0, 4).arrival.tolist() != make_trace(3, 0.5, 2.0, 4).arrival.tolist()
 
 
-@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("name", [*POLICIES, "oracle-latency", "crossway-x2"])
 def test_simulation_counts_requests_failed_when_every_deployment_fails(name):
     broken = tuple(dataclasses.replace(d, incidents=(Incident(0.0, 24.0, error_rate=1.0),)) for d in SCENARIO)
     trace = make_trace(5, 0.1, 1.0, len(broken))
@@ -77,3 +77,22 @@ def test_replicas_account_for_every_request_and_each_learns_from_its_own():
     assert sum(seen) == tally.attempts  # a first byte or a failure per attempt
     assert all(0.25 * sum(seen) < n < 0.42 * sum(seen) for n in seen)
     assert all(r.stats[k].in_flight == 0 for r in routers for k in sim.deployments)
+
+
+def test_the_failure_blind_oracle_tries_attempts_that_fail_where_the_clairvoyant_one_never_does():
+    # the engine and budget are down, and mid fails 4 attempts in 10: under the failure-blind oracle's
+    # bar of a half, so, the cheapest left, it is tried first
+    rates = {"local/llama": 1.0, "budget/llama": 1.0, "mid/llama": 0.4}
+    flaky = tuple(
+        dataclasses.replace(d, incidents=(Incident(0.0, 24.0, error_rate=rates[d.key]),)) if d.key in rates else d
+        for d in SCENARIO
+    )
+    trace = make_trace(6, 0.5, 3.0, len(flaky))
+    tallies = {}
+    for name in ("oracle", "oracle-latency"):
+        sim = Simulation(trace, parse_policy(POLICY_YAML, {}), flaky)
+        tallies[name] = sim.run(make_policy(name, sim, 6, TYPICAL_OUTPUT))
+    clairvoyant, blind = tallies["oracle"], tallies["oracle-latency"]
+    assert clairvoyant.attempts == sum(clairvoyant.served.values()) == trace.arrival.size
+    assert blind.attempts > sum(blind.served.values()) == trace.arrival.size  # failed over, none lost
+    assert set(blind.by_deployment) == set(clairvoyant.by_deployment) == {"mid/llama", "premium/llama"}
