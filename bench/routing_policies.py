@@ -7,11 +7,13 @@ logic under test (``gateway.router``), which ``Crossway`` calls unchanged.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from gateway.inflight import INTERVAL_S
 from gateway.router import DEFERRABLE_KV_RESERVE, Router, Workload, engine_price
 
 if TYPE_CHECKING:
@@ -210,14 +212,20 @@ class Crossway(SimPolicy):
     With ``replicas`` > 1, that many gateway processes behind a round-robin load balancer: request
     ``i`` goes to replica ``i % replicas``, and each replica's router learns only from its own
     requests (its statistics, in-flight counts and breakers), as ``gateway.stats`` keeps them. The
-    engine's own load report reaches every replica.
+    engine's own load report reaches every replica. With ``shared``, the replicas also learn each
+    other's in-flight counts every ``gateway.inflight.INTERVAL_S`` of simulated time, as
+    ``gateway.inflight`` syncs them through Redis, and their concurrency caps count them.
     """
 
     observes = True
 
-    def __init__(self, sim: Simulation, seed: int, typical_output: int, replicas: int = 1) -> None:
+    def __init__(
+        self, sim: Simulation, seed: int, typical_output: int, replicas: int = 1, *, shared: bool = False
+    ) -> None:
         super().__init__(sim)
-        self.name = "crossway" if replicas == 1 else f"crossway-x{replicas}"
+        self.name = ("crossway" if replicas == 1 else f"crossway-x{replicas}") + ("-shared" if shared else "")
+        self.shared = shared
+        self._synced = -math.inf
         self.routers = [Router(sim.policy.routing, rng=random.Random(seed + r)) for r in range(replicas)]
         for router in self.routers:
             router.breakers.clock = lambda: sim.now
@@ -231,7 +239,19 @@ class Crossway(SimPolicy):
     def _router(self, i: int) -> Router:
         return self.routers[i % len(self.routers)]
 
+    def _sync(self, sim: Simulation) -> None:
+        """Each replica's view of the others' requests in flight, refreshed once an interval."""
+        if sim.now - self._synced < INTERVAL_S:
+            return
+        self._synced = sim.now
+        for key in sim.deployments:
+            total = sum(router.stats[key].in_flight for router in self.routers)
+            for router in self.routers:
+                router.stats[key].elsewhere = total - router.stats[key].in_flight
+
     def order(self, sim: Simulation, i: int) -> list[str]:
+        if self.shared:
+            self._sync(sim)
         plan = sim.plans[sim.trace.cls[i]]
         work = Workload(int(sim.trace.input_tokens[i]), self.typical_output)
         loads = {key: sim.engine_load(key) for key, dep in sim.deployments.items() if dep.engine is not None}
@@ -273,15 +293,17 @@ class Crossway(SimPolicy):
 
 
 POLICIES = ("crossway", "round-robin", "always-cheapest", "always-fastest", "oracle-p95", "oracle-greedy", "oracle")
-"""The table's policies; ``make_policy`` also takes ``crossway-xN`` and ``oracle-latency``."""
+"""The table's policies; ``make_policy`` also takes ``crossway-xN[-shared]`` and ``oracle-latency``."""
 
 
 def make_policy(name: str, sim: Simulation, seed: int, typical_output: int) -> SimPolicy:
-    """Build one of ``POLICIES`` over ``sim``, or ``crossway-xN``: Crossway on N gateway replicas."""
+    """Build one of ``POLICIES`` over ``sim``, or ``crossway-xN[-shared]``: Crossway on N gateway replicas."""
     if name == "crossway":
         return Crossway(sim, seed, typical_output)
-    if name.startswith("crossway-x") and name.removeprefix("crossway-x").isdigit():
-        return Crossway(sim, seed, typical_output, replicas=int(name.removeprefix("crossway-x")))
+    if name.startswith("crossway-x"):
+        count, shared = name.removeprefix("crossway-x").removesuffix("-shared"), name.endswith("-shared")
+        if count.isdigit():
+            return Crossway(sim, seed, typical_output, replicas=int(count), shared=shared)
     if name == "round-robin":
         return RoundRobin(sim)
     if name == "always-cheapest":

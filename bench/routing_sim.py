@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--policies",
         default=",".join(POLICIES),
-        help="comma list; crossway-xN is Crossway on N gateway replicas (default: the seven of the table)",
+        help="comma list; crossway-xN is Crossway on N gateway replicas, crossway-xN-shared with their in-flight counts shared as through Redis (default: the seven of the table)",
     )
     args = parser.parse_args(argv)
     began = time.perf_counter()

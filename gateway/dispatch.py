@@ -235,8 +235,7 @@ class Dispatcher:
 
     def _skip_reason(self, target: Target, now: float) -> str | None:
         cap = target.max_concurrency
-        stats = self.router.stats[target.key]
-        if cap is not None and stats.in_flight + stats.elsewhere >= cap:
+        if cap is not None and self.router.stats[target.key].held >= cap:
             return "at_capacity"
         if not self.router.breakers[target.key].acquire(now):
             return "breaker_open"

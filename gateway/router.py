@@ -150,7 +150,7 @@ def _judge(
         total = ttft + tpot * workload.output_tokens
         if total > slo.deadline_s:
             p_meet = 0.0
-    at_cap = target.max_concurrency is not None and observed.in_flight + observed.elsewhere >= target.max_concurrency
+    at_cap = target.max_concurrency is not None and observed.held >= target.max_concurrency
     if breaker == "open":
         reason, usable = "breaker open", False
     elif at_cap:
@@ -259,7 +259,7 @@ def _explored(ranked: list[Candidate], pick_draw: float, accept_draw: float) -> 
 
 def _has_headroom(candidate: Candidate, observed: Observed) -> bool:
     cap = candidate.target.max_concurrency
-    return cap is None or observed.in_flight + observed.elsewhere < AFFINITY_HEADROOM * cap
+    return cap is None or observed.held < AFFINITY_HEADROOM * cap
 
 
 def _explained(candidate: Candidate, reason: str, first: Target | None) -> Candidate:

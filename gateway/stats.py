@@ -91,6 +91,11 @@ class Observed:
     elsewhere: int = 0
     """Requests in flight to it from the other gateway replicas, as last read (``gateway.inflight``)."""
 
+    @property
+    def held(self) -> int:
+        """Requests in flight to it from every replica: what its concurrency cap counts."""
+        return self.in_flight + self.elsewhere
+
 
 LOAD_BAND = 4
 """Width of the in-flight bands a deployment's samples are also kept by (loads 1-4, 5-8, ...)."""
@@ -120,6 +125,11 @@ class DeploymentStats:
         self._window = window
         self.by_load: dict[int, tuple[Window, Window]] = {}
         """TTFT and TPOT windows per load band, for deployments whose latency follows their load (engines)."""
+
+    @property
+    def held(self) -> int:
+        """Requests in flight to it from every replica: what its concurrency cap counts."""
+        return self.in_flight + self.elsewhere
 
     def add(self, *, ttft: float | None = None, tpot: float | None = None, load: int | None = None) -> None:
         """Record latency samples; with ``load`` (in flight when the attempt started), in its band too."""

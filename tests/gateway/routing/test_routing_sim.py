@@ -7,6 +7,7 @@ from bench.routing_policies import POLICIES, make_policy
 from bench.routing_scenario import POLICY_YAML, SCENARIO, Incident, make_trace
 from bench.routing_sim import TYPICAL_OUTPUT, Simulation, simulate
 
+from gateway.inflight import INTERVAL_S
 from gateway.policy import parse_policy
 
 
@@ -96,3 +97,21 @@ def test_the_failure_blind_oracle_tries_attempts_that_fail_where_the_clairvoyant
     assert clairvoyant.attempts == sum(clairvoyant.served.values()) == trace.arrival.size
     assert blind.attempts > sum(blind.served.values()) == trace.arrival.size  # failed over, none lost
     assert set(blind.by_deployment) == set(clairvoyant.by_deployment) == {"mid/llama", "premium/llama"}
+
+
+def test_shared_replicas_learn_each_others_in_flight_counts_once_an_interval():
+    trace = make_trace(3, 0.5, 2.0, len(SCENARIO))
+    sim = Simulation(trace, parse_policy(POLICY_YAML, {}))
+    policy = make_policy("crossway-x3-shared", sim, 3, TYPICAL_OUTPUT)
+    tally = sim.run(policy)
+    assert sum(tally.served.values()) + tally.failed == trace.arrival.size
+    routers = policy.routers  # type: ignore[attr-defined]
+    assert all(r.stats["mid/llama"].in_flight == 0 for r in routers)
+    for router, n in zip(routers, (1, 2, 3), strict=True):
+        router.stats["mid/llama"].in_flight = n
+    sim.now = policy._synced + INTERVAL_S / 2  # type: ignore[attr-defined]
+    policy._sync(sim)  # type: ignore[attr-defined]  # within an interval of the last sync: nothing read
+    assert [r.stats["mid/llama"].elsewhere for r in routers] == [0, 0, 0]
+    sim.now += INTERVAL_S
+    policy._sync(sim)  # type: ignore[attr-defined]
+    assert [r.stats["mid/llama"].elsewhere for r in routers] == [5, 4, 3]
