@@ -8,6 +8,7 @@ policy versions never meet another run's. The gateways are real ``crossway serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -94,41 +95,50 @@ def _served(client: openai.OpenAI) -> str:
     return raw.headers["x-crossway-deployment"]
 
 
+@contextlib.contextmanager
+def _two_replicas(tmp_path: Path, database_url: str, policy: Path) -> Iterator[tuple[str, str, list[openai.OpenAI]]]:
+    """Two gateway processes on one policy file, and an OpenAI client of one tenant on each; stopped after."""
+    procs: list[subprocess.Popen[bytes]] = []
+    clients: list[openai.OpenAI] = []
+    try:
+        urls = []
+        for _ in range(2):
+            proc, url = _serve(tmp_path, database_url, policy)
+            procs.append(proc)
+            urls.append(url)
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        key = httpx.post(f"{urls[0]}/admin/keys", json={"tenant": "acme"}, headers=admin).json()["key"]
+        clients = [openai.OpenAI(base_url=f"{u}/v1", api_key=key, max_retries=0) for u in urls]
+        yield urls[0], urls[1], clients
+    finally:
+        for client in clients:
+            client.close()
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            proc.wait(timeout=20)
+
+
 def test_policy_edit_on_one_replica_takes_effect_on_the_other(
     tmp_path: Path, upstream: FakeUpstream, shared_database: str
 ):
     policy = tmp_path / "shared.yaml"
     policy.write_text(POLICY.format(url=upstream.url, openai_price=0.1))
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        first, a = _serve(tmp_path, shared_database, policy)
-        procs.append(first)
-        second, b = _serve(tmp_path, shared_database, policy)
-        procs.append(second)
+    with _two_replicas(tmp_path, shared_database, policy) as (a, b, clients):
+        assert [_served(c) for c in clients] == ["openai/gpt-4o-mini"] * 2
         admin = {"authorization": f"Bearer {ADMIN_KEY}"}
-        key = httpx.post(f"{a}/admin/keys", json={"tenant": "acme"}, headers=admin).json()["key"]
-        clients = [openai.OpenAI(base_url=f"{u}/v1", api_key=key, max_retries=0) for u in (a, b)]
-        served = _served
-        assert [served(c) for c in clients] == ["openai/gpt-4o-mini"] * 2
         saved = httpx.put(
             f"{a}/admin/policies/shared",
             json={"body": POLICY.format(url=upstream.url, openai_price=50), "author": "ops"},
             headers=admin,
         )
         assert saved.status_code == 200, saved.text
-        assert served(clients[0]) == "anthropic/claude-haiku-4-5"  # the replica that saved: at once
+        assert _served(clients[0]) == "anthropic/claude-haiku-4-5"  # the replica that saved: at once
         deadline = time.monotonic() + 5  # the other: as soon as the Redis announcement arrives
         while httpx.get(f"{b}/admin/policies", headers=admin).json()["serving"]["version"] != 2:
             assert time.monotonic() < deadline, "the second replica never took the edit"
             time.sleep(0.05)
-        assert served(clients[1]) == "anthropic/claude-haiku-4-5"
-        for client in clients:
-            client.close()
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGINT)
-        for proc in procs:
-            proc.wait(timeout=20)
+        assert _served(clients[1]) == "anthropic/claude-haiku-4-5"
 
 
 def test_a_concurrency_cap_counts_the_requests_of_every_replica(
@@ -136,30 +146,14 @@ def test_a_concurrency_cap_counts_the_requests_of_every_replica(
 ):
     policy = tmp_path / "capped.yaml"
     policy.write_text(CAPPED.format(url=upstream.url))
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        first, a = _serve(tmp_path, shared_database, policy)
-        procs.append(first)
-        second, b = _serve(tmp_path, shared_database, policy)
-        procs.append(second)
-        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
-        key = httpx.post(f"{a}/admin/keys", json={"tenant": "acme"}, headers=admin).json()["key"]
-        clients = [openai.OpenAI(base_url=f"{u}/v1", api_key=key, max_retries=0) for u in (a, b)]
-        with ThreadPoolExecutor(1) as pool:
-            held = pool.submit(_served, clients[0])  # the cheap deployment's one slot, for 1.5 s, on replica a
-            deadline = time.monotonic() + 5
-            while not any(r.body and r.body.get("model") == "slow-1500" for r in upstream.requests):
-                assert time.monotonic() < deadline, "the first request never reached the upstream"
-                time.sleep(0.02)
-            time.sleep(0.4)  # replica b reads a's count at its next sync (every 0.1 s)
-            assert _served(clients[1]) == "anthropic/claude-haiku-4-5"  # per replica, b would have taken it
-            assert held.result(timeout=10) == "openai/slow-1500"
+    with _two_replicas(tmp_path, shared_database, policy) as (_, _, clients), ThreadPoolExecutor(1) as pool:
+        held = pool.submit(_served, clients[0])  # the cheap deployment's one slot, for 1.5 s, on replica a
+        deadline = time.monotonic() + 5
+        while not any(r.body and r.body.get("model") == "slow-1500" for r in upstream.requests):
+            assert time.monotonic() < deadline, "the first request never reached the upstream"
+            time.sleep(0.02)
+        time.sleep(0.4)  # replica b reads a's count at its next sync (every 0.1 s)
+        assert _served(clients[1]) == "anthropic/claude-haiku-4-5"  # per replica, b would have taken it
+        assert held.result(timeout=10) == "openai/slow-1500"
         time.sleep(0.4)  # a's request ended: b reads the slot free again
         assert _served(clients[1]) == "openai/slow-1500"
-        for client in clients:
-            client.close()
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGINT)
-        for proc in procs:
-            proc.wait(timeout=20)
