@@ -58,6 +58,9 @@ class SimPolicy:
     def failed(self, sim: Simulation, key: str, i: int) -> None:
         """An attempt of request ``i`` on ``key`` failed."""
 
+    def gave_up(self, sim: Simulation, i: int) -> None:
+        """Request ``i`` failed for good: no deployment left to try."""
+
     def report(self) -> dict[str, object]:
         """Policy-specific figures for the results file."""
         return {}
@@ -287,6 +290,9 @@ class Crossway(SimPolicy):
         self._loads.pop(i, None)
         router.stats.record(key, ok=False)
         router.breakers[key].failure(sim.now)
+
+    def gave_up(self, sim: Simulation, i: int) -> None:
+        del self._judged[i]
 
     def report(self) -> dict[str, object]:
         return {"reasons": dict(sorted(self.reasons.items()))}

@@ -237,6 +237,7 @@ class Simulation:
             self._push(self.now + attempt.seconds, ("done", i, key, ttft, attempt))
             return
         self.tally.failed += 1
+        policy.gave_up(self, i)
 
 
 def summarize(trace: Trace, tally: Tally, span_s: float) -> dict[str, Any]:

@@ -51,10 +51,12 @@ def test_simulation_counts_requests_failed_when_every_deployment_fails(name):
     broken = tuple(dataclasses.replace(d, incidents=(Incident(0.0, 24.0, error_rate=1.0),)) for d in SCENARIO)
     trace = make_trace(5, 0.1, 1.0, len(broken))
     sim = Simulation(trace, parse_policy(POLICY_YAML, {}), broken)
-    tally = sim.run(make_policy(name, sim, 5, TYPICAL_OUTPUT))
+    policy = make_policy(name, sim, 5, TYPICAL_OUTPUT)
+    tally = sim.run(policy)
     assert tally.failed == trace.arrival.size
     assert tally.served == {} and tally.met == {} and tally.api_cost == 0.0
     assert sim.in_flight == dict.fromkeys(sim.deployments, 0)
+    assert getattr(policy, "_judged", {}) == {}  # Crossway forgets a request that failed for good
 
 
 def test_one_replica_routes_exactly_as_the_single_router(tiny):
