@@ -42,21 +42,15 @@ routing: {{explore_share: 0}}
 models:
   chat:
     targets:
-      - {{provider: openai, model: gpt-4o-mini, price: {{input: {openai_price}, output: {openai_price}}}}}
+      - {first}
       - {{provider: anthropic, model: claude-haiku-4-5, price: {{input: 1, output: 5}}}}
 """
 
-CAPPED = """
-providers:
-  openai: {{kind: openai, base_url: "{url}/v1", api_key_env: OPENAI_API_KEY}}
-  anthropic: {{kind: anthropic, base_url: "{url}", api_key_env: ANTHROPIC_API_KEY}}
-routing: {{explore_share: 0}}
-models:
-  chat:
-    targets:
-      - {{provider: openai, model: slow-1500, price: {{input: 0.1, output: 0.1}}, max_concurrency: 1}}
-      - {{provider: anthropic, model: claude-haiku-4-5, price: {{input: 1, output: 5}}}}
-"""
+
+def _policy(url: str, openai_price: float = 0.1, model: str = "gpt-4o-mini", cap: str = "") -> str:
+    """The shared policy: ``chat`` on OpenAI's ``model`` first (``cap``: a max_concurrency entry), then Anthropic."""
+    first = f"{{provider: openai, model: {model}, price: {{input: {openai_price}, output: {openai_price}}}{cap}}}"
+    return POLICY.format(url=url, first=first)
 
 
 async def _database(statement: str) -> None:
@@ -123,13 +117,13 @@ def test_policy_edit_on_one_replica_takes_effect_on_the_other(
     tmp_path: Path, upstream: FakeUpstream, shared_database: str
 ):
     policy = tmp_path / "shared.yaml"
-    policy.write_text(POLICY.format(url=upstream.url, openai_price=0.1))
+    policy.write_text(_policy(upstream.url))
     with _two_replicas(tmp_path, shared_database, policy) as (a, b, clients):
         assert [_served(c) for c in clients] == ["openai/gpt-4o-mini"] * 2
         admin = {"authorization": f"Bearer {ADMIN_KEY}"}
         saved = httpx.put(
             f"{a}/admin/policies/shared",
-            json={"body": POLICY.format(url=upstream.url, openai_price=50), "author": "ops"},
+            json={"body": _policy(upstream.url, openai_price=50), "author": "ops"},
             headers=admin,
         )
         assert saved.status_code == 200, saved.text
@@ -145,7 +139,7 @@ def test_a_concurrency_cap_counts_the_requests_of_every_replica(
     tmp_path: Path, upstream: FakeUpstream, shared_database: str
 ):
     policy = tmp_path / "capped.yaml"
-    policy.write_text(CAPPED.format(url=upstream.url))
+    policy.write_text(_policy(upstream.url, model="slow-1500", cap=", max_concurrency: 1"))
     with _two_replicas(tmp_path, shared_database, policy) as (_, _, clients), ThreadPoolExecutor(1) as pool:
         held = pool.submit(_served, clients[0])  # the cheap deployment's one slot, for 1.5 s, on replica a
         deadline = time.monotonic() + 5
