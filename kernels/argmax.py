@@ -104,7 +104,7 @@ def argmax(x: torch.Tensor, out: torch.Tensor | None = None, *, pdl: bool = True
 
     Raises:
         ValueError: x is not 2-D with at least one column, has an unsupported dtype, or ``out`` does
-            not fit.
+            not fit (shape, dtype, device, or a strided view).
     """
     check(x.dim() == 2 and x.shape[1] >= 1, f"x must be (B, V) with V >= 1, got {tuple(x.shape)}")
     check_dtype("x", x, torch.float32, torch.float16, torch.bfloat16)
@@ -116,6 +116,7 @@ def argmax(x: torch.Tensor, out: torch.Tensor | None = None, *, pdl: bool = True
         f"out must be ({rows},) int64, got {tuple(out.shape)} {out.dtype}",
     )
     check(out.device == x.device, f"out must be on {x.device}, got {out.device}")
+    check(out.is_contiguous(), f"out must be contiguous, got stride {out.stride()}")
     if not can_launch(x):
         return out.copy_(reference.argmax(x))
     check_last_contiguous("x", x)

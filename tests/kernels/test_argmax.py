@@ -59,5 +59,7 @@ def test_argmax_rejects_bad_shapes_and_outputs(device):
         argmax(torch.randn(8, device=device))
     with pytest.raises(ValueError, match="out must be \\(2,\\) int64"):
         argmax(torch.randn(2, 8, device=device), out=torch.empty(2, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        argmax(torch.randn(2, 8, device=device), out=torch.empty(4, dtype=torch.long, device=device)[::2])
     with pytest.raises(ValueError, match="x must be one of"):
         argmax(torch.ones(2, 8, dtype=torch.int64, device=device))
