@@ -100,13 +100,11 @@ class Simulation:
 
     def attempt(self, key: str, i: int) -> Attempt:
         """What request ``i`` would get from ``key`` if sent now (pure: the oracle peeks with it)."""
-        dep, d = self.deployments[key], self.index[key]
+        dep = self.deployments[key]
         error_rate, _ = dep.incident(self.now)
-        if self.trace.u[i, d] < error_rate:
+        if self.trace.u[i, self.index[key]] < error_rate:
             return Attempt(False, 0.0, 0.0, dep.fail_s, request=i)
-        z_ttft, z_tpot = self.trace.z[i, d]
-        ttft, tpot = self.latency(key, i, float(z_ttft), float(z_tpot))
-        return Attempt(True, ttft, tpot, ttft + tpot * int(self.trace.output_tokens[i]), request=i)
+        return self.attempt_if_ok(key, i)
 
     def attempt_if_ok(self, key: str, i: int) -> Attempt:
         """The latencies request ``i`` would see on ``key`` now if its attempt did not fail (pure)."""
