@@ -137,20 +137,17 @@ if triton is not None:
             w_ptrs = w_ptr + rn[:, None] * sw_n
             k_lo = ks * K_SPLIT
             acc2 = tl.zeros((BLOCK_N, BLOCK_K if G == 0 else NG), tl.float32)
-            rk = k_lo + tl.arange(0, BLOCK_K)
             if PREFETCH:  # see _dense_gemv_kernel
+                rk = k_lo + tl.arange(0, BLOCK_K)
                 w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
             pdl_enter(PDL)
-            if not PREFETCH:
+            if PREFETCH:
+                acc2 = _int8_gemv_step(acc2, w, k_lo, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
+            k_first = k_lo + BLOCK_K * PREFETCH
+            for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
                 w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
-            # one weight tile ahead: the next step's load is in flight while this step's FMAs run
-            k_last = k_lo + K_SPLIT - BLOCK_K
-            for k0 in range(k_lo, k_last, BLOCK_K):
-                rk = k0 + BLOCK_K + tl.arange(0, BLOCK_K)
-                w_next = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
                 acc2 = _int8_gemv_step(acc2, w, k0, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
-                w = w_next
-            acc2 = _int8_gemv_step(acc2, w, k_last, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
             pdl_enter(PDL)
@@ -319,19 +316,17 @@ if triton is not None:
             x_row = x_ptr + rm * sx_m
             k_lo = ks * K_SPLIT
             acc2 = tl.zeros((BLOCK_N, NG), tl.float32)
-            rk = k_lo + tl.arange(0, BLOCK_K)
             if PREFETCH:  # see _dense_gemv_kernel
+                rk = k_lo + tl.arange(0, BLOCK_K)
                 b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
             pdl_enter(PDL)
-            if not PREFETCH:
+            if PREFETCH:
+                acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
+            k_first = k_lo + BLOCK_K * PREFETCH
+            for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
                 b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
-            k_last = k_lo + K_SPLIT - BLOCK_K
-            for k0 in range(k_lo, k_last, BLOCK_K):
-                rk = k0 + BLOCK_K + tl.arange(0, BLOCK_K)
-                b_next = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
                 acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
-                b = b_next
-            acc2 = _int4_gemv_step(acc2, b, k_last, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
             pdl_enter(PDL)
