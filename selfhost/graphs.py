@@ -1,7 +1,4 @@
-"""CUDA graphs of the decode step: one capture per row count, replayed with new inputs.
-
-A row is one query token over its own context: a decode step's token, or one of a few new tokens
-of a request (a prefix hit's tail, a short prompt; ``runner.DECODE_ROWS_MAX``).
+"""CUDA graphs of the decode step: one capture per batch size, replayed with new inputs.
 
 A decode step of a small model is a few hundred short kernels; launching them from Python costs
 more than running them. Each captured graph replays the whole kernel pass (``models.fused``), final
@@ -10,8 +7,8 @@ context lengths and block tables. A batch is padded to the next captured size wi
 no KV (slot -1) and read none (length 0).
 
 Owns the static buffers, the captures and the fill-and-replay, and the host staging of block
-tables that the step graphs share (``TableRows``). Does not own deciding which steps run
-here (``runner``), the kernels (``kernels/``) nor sampling (``sampling``).
+tables that the step graphs share (``TableRows``). Does not own deciding when a step is
+decode-only (``runner``), the kernels (``kernels/``) nor sampling (``sampling``).
 """
 
 from __future__ import annotations
@@ -125,8 +122,6 @@ class DecodeGraphs:
         self._tables = torch.zeros((b, max_blocks), dtype=torch.int32, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
-        self.num_replays = 0
-        """Steps replayed by ``run``."""
         self._capture(model, kv_caches, device, pool)
 
     @torch.inference_mode()
@@ -169,11 +164,9 @@ class DecodeGraphs:
         tables: Sequence[Sequence[int]],
         sources: Sequence[int],
     ) -> torch.Tensor:
-        """Replay the step for ``n`` rows, a query token each; return ``(n, vocab)`` fp32 logits (overwritten by the next run).
+        """Replay the step for ``n`` one-token rows; return ``(n, vocab)`` fp32 logits (overwritten by the next run).
 
-        A row is a decode step's token or one of a short run of a request's new tokens (rows in
-        order, sharing its table): each row's context ends at its own token, whose key and value
-        every layer writes before attending. ``positions`` are the rows' positions (the context length is ``position + 1``),
+        ``positions`` are the new tokens' positions (the context length is ``position + 1``),
         ``slots`` their flat KV slots, ``tables`` each row's block ids, ``sources`` each row's index
         into the last sampled ids, or -1 where ``ids`` holds the token.
         """
@@ -195,5 +188,4 @@ class DecodeGraphs:
         self._inputs.copy_(host, non_blocking=True)
         self._tables[:n].copy_(host_tables[:n], non_blocking=True)
         self._graphs[bs].replay()
-        self.num_replays += 1
         return self._logits[bs][:n]

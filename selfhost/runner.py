@@ -29,16 +29,6 @@ if TYPE_CHECKING:
     from selfhost.step_graphs import StepGraphs
 
 
-DECODE_ROWS_MAX = 16
-"""Most new tokens of one request in a step that runs through the decode graphs (one row a token).
-
-NOTE(h7): a prefix hit's tail (at most a block) or a short prompt then skips the step graphs' prefill
-attention and their empty decode rows. Each row reads the context up to its own token, so a tail of
-t rows reads it t times (from L2 after the first); a longer chunk takes the prefill kernel, which
-reads it once for all its rows.
-"""
-
-
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one KV block takes across all layers (keys and values)."""
     elem = torch.empty((), dtype=dtype).element_size()
@@ -61,15 +51,6 @@ class _Flat:
     """Rows whose token id is in ``ModelRunner.last_tokens`` ..."""
     pending_sources: list[int] = field(default_factory=list)
     """... at these indices."""
-
-    def per_row(self) -> tuple[list[list[int]], list[int]]:
-        """Each row's block table and its index into ``last_tokens`` (-1: its id is in ``ids``), as the decode graphs take them."""
-        starts = self.query_start
-        tables = [table for i, table in enumerate(self.tables) for _ in range(starts[i + 1] - starts[i])]
-        sources = [-1] * len(self.ids)
-        for row, source in zip(self.pending_rows, self.pending_sources, strict=True):
-            sources[row] = source
-        return tables, sources
 
 
 class ModelRunner:
@@ -156,11 +137,7 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, kv: KVCacheManager) -> torch.Tensor:
         """Run the batch's new tokens; return ``(S, vocab)`` fp32 logits of its S sampling requests, in order."""
         graphs = self.graphs
-        if (
-            graphs is not None
-            and batch.total_tokens <= graphs.max_batch
-            and max(batch.num_new_tokens) <= DECODE_ROWS_MAX
-        ):
+        if graphs is not None and len(batch.requests) <= graphs.max_batch and all(n == 1 for n in batch.num_new_tokens):
             return self._execute_graph(graphs, batch, kv)
         steps = self.step_graphs
         order: Sequence[int] = range(len(batch.requests))
@@ -216,15 +193,23 @@ class ModelRunner:
         return flat
 
     def _execute_graph(self, graphs: DecodeGraphs, batch: ScheduledBatch, kv: KVCacheManager) -> torch.Tensor:
-        """A step of few new tokens a request through the captured decode graph of the next row count up.
-
-        Each new token is a row of its own, attending over its context up to itself: every layer
-        writes the step's keys and values before it attends, so a request's later rows see its
-        earlier ones.
-        """
-        flat = self._flatten(batch, kv, range(len(batch.requests)), slots=True)
-        tables, sources = flat.per_row()
-        logits = graphs.run(flat.ids, flat.positions, flat.slots, tables, sources)  # (n, V), until the next replay
-        if flat.logits_rows == list(range(len(flat.ids))):
+        """A one-token-per-request step through the captured graph of the next batch size up."""
+        bs = self.block_size
+        ids: list[int] = []
+        sources: list[int] = []
+        slots: list[int] = []
+        tables: list[list[int]] = []
+        rows: list[int] = []
+        for i, (request, pos, samples) in enumerate(zip(batch.requests, batch.starts, batch.samples, strict=True)):
+            table = kv.block_ids(request.request_id)
+            (token,), source = self._source(request, pos, pos + 1)
+            ids.append(token)
+            sources.append(source)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            tables.append(table)
+            if samples:
+                rows.append(i)
+        logits = graphs.run(ids, batch.starts, slots, tables, sources)  # (n, V), valid until the next replay
+        if len(rows) == len(ids):
             return logits
-        return logits[upload(flat.logits_rows, torch.long, self.device)]
+        return logits[upload(rows, torch.long, self.device)]

@@ -109,7 +109,7 @@ def test_gpu_bf16_matches_hf_bf16_by_top5_rule(smollm2: Loaded, hf_smollm2: Any)
 def test_gpu_fp32_step_graphs_equal_eager_with_chunked_prefill_and_prefix_hits(
     smollm2: Loaded, gpu_fp32: Loaded
 ) -> None:
-    """Mixed and prefill steps replayed from ``StepGraphs``, and prefix hits' tails run as decode-graph rows, give the eager engine's greedy ids."""
+    """Mixed and prefill steps replayed from ``StepGraphs`` give the eager engine's greedy ids, token for token."""
     ids = [chat_ids(smollm2, p) for p in CHAT_PROMPTS]
     # a 48-token budget chunks every prompt and mixes its chunks with running decodes; the shared
     # chat preamble, and the second round, hit cached prefixes and run only their tails
@@ -120,12 +120,6 @@ def test_gpu_fp32_step_graphs_equal_eager_with_chunked_prefill_and_prefix_hits(
     want = eager.generate(ids, GREEDY)
     assert graphs.generate(ids, GREEDY) == want
     first_round = step_graphs.num_replays
-    decode_graphs = graphs.runner.graphs
-    assert decode_graphs is not None
-    decode_first_round = decode_graphs.num_replays
     assert graphs.generate(ids, GREEDY) == eager.generate(ids, GREEDY) == want
     assert first_round > 0
-    # every prompt hits its cached full blocks now: its tail, at most a block (runner.DECODE_ROWS_MAX),
-    # runs as rows of the decode graphs, and no step takes the step graphs
-    assert step_graphs.num_replays == first_round
-    assert decode_graphs.num_replays > decode_first_round
+    assert step_graphs.num_replays > first_round  # the prefix hits' tails replayed too
