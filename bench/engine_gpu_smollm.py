@@ -13,6 +13,7 @@ kernels, CUDA graphs and sampling included.
 
     python -m bench.engine_gpu_smollm --json $OUT/engine_gpu_smollm.json
     python -m bench.engine_gpu_smollm --device cpu --smoke   # a small CPU run of the same code
+    python -m bench.engine_gpu_smollm --only ttft --ttft-extra 4097,4100,4104   # cached tails of 1, 4 and 8 tokens too
     python -m bench.engine_gpu_smollm --model llama3-8b-random --only ttft,chunked   # the same on an 8B shape
 """
 
@@ -395,6 +396,11 @@ def main() -> None:
     ap.add_argument("--json", default="bench/results/engine_gpu_smollm.json")
     ap.add_argument("--offline-pairs", type=int, default=2, help="alternated prefix-cache on/off offline runs")
     ap.add_argument("--no-pdl", action="store_true", help="launch the kernels without programmatic dependent launch")
+    ap.add_argument(
+        "--ttft-extra",
+        default="",
+        help="comma-separated prompt lengths timed like the 4k one (ttft_<n>), e.g. 4097,4104 for a cached tail of 1 and 8",
+    )
     args = ap.parse_args()
     set_pdl(not args.no_pdl)
     smoke = args.smoke
@@ -483,6 +489,8 @@ def main() -> None:
         run("gpu_busy", lambda: gpu_busy(engine(), n, lo, hi, seed=3, window=5 if smoke else 40))
     if want("ttft"):
         run("ttft_4k", lambda: ttft(engine(), 128 if smoke else 4096, 1 if smoke else 3))
+        for n in (int(v) for v in args.ttft_extra.split(",") if v):
+            run(f"ttft_{n}", partial(lambda n: ttft(engine(), n, 1 if smoke else 3), n))
     if "ttft_profile" in only:  # a diagnostic, only when asked for by name
         run("ttft_4k_profile", lambda: ttft_profile(engine(), 128 if smoke else 4096))
     if want("chunked"):

@@ -114,11 +114,12 @@ class EngineConfig:
     enforce_eager: bool = False
     """Never replay CUDA graphs (decode steps then launch every kernel from Python)."""
     cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
-    """Decode batch sizes captured in CUDA graphs (a batch is padded to the next one); capped at
-    ``max_num_seqs``, whose own size is always captured."""
+    """Row counts of the decode graphs (a row per new token of a step whose requests run one token
+    each, or of a step of a few tokens in all; ``selfhost.graphs``), a step padded to the next one;
+    capped at ``max_num_seqs``, whose own size is always captured."""
     cuda_graph_token_sizes: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-    """Token counts of the steps that are not decode-only (prefills, chunks mixed with decodes, prefix
-    hits' tails) captured in CUDA graphs (``selfhost.step_graphs``; a step is padded to the next
+    """Token counts of the steps the decode graphs do not take (prefills, chunks mixed with decodes;
+    ``runner.DECODE_ROWS_MAX``) captured in CUDA graphs (``selfhost.step_graphs``; a step is padded to the next
     one); capped at ``max_num_batched_tokens``, whose own size is always captured; empty: none."""
     async_scheduling: bool | None = None
     """Plan and launch step n+1 before step n's sampled tokens reach the host, so host work (scheduling,
@@ -176,7 +177,7 @@ class EngineConfig:
         return tuple(sorted({b for b in self.cuda_graph_batch_sizes if b < self.max_num_seqs} | {self.max_num_seqs}))
 
     def graph_token_sizes(self) -> tuple[int, ...]:
-        """The step token counts to capture for steps that are not decode-only (none unless decode graphs are on)."""
+        """The step token counts to capture for the steps the decode graphs do not take (none unless those are on)."""
         if not self.cuda_graph_token_sizes or not self.graph_batch_sizes():
             return ()  # an empty tuple turns these graphs off and leaves the decode graphs on
         budget = self.max_num_batched_tokens

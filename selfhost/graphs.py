@@ -1,4 +1,7 @@
-"""CUDA graphs of the decode step: one capture per batch size, replayed with new inputs.
+"""CUDA graphs of the decode step: one capture per row count, replayed with new inputs.
+
+A row is one query token over its own context: a decode step's token, or one of a few new tokens
+of a request (a prefix hit's tail, a short prompt; ``runner.DECODE_ROWS_MAX``).
 
 A decode step of a small model is a few hundred short kernels; launching them from Python costs
 more than running them. Each captured graph replays the whole kernel pass (``models.fused``), final
@@ -7,8 +10,8 @@ context lengths and block tables. A batch is padded to the next captured size wi
 no KV (slot -1) and read none (length 0).
 
 Owns the static buffers, the captures and the fill-and-replay, and the host staging of block
-tables that the step graphs share (``TableRows``). Does not own deciding when a step is
-decode-only (``runner``), the kernels (``kernels/``) nor sampling (``sampling``).
+tables that the step graphs share (``TableRows``). Does not own deciding which steps run
+here (``runner``), the kernels (``kernels/``) nor sampling (``sampling``).
 """
 
 from __future__ import annotations
@@ -73,15 +76,24 @@ class TableRows:
         """Args: ``array`` ``(rows, max_blocks)``; entries past a row's table are never read by the kernels."""
         self.array = array
         self._held: list[tuple[Sequence[int], int] | None] = [None] * array.shape[0]
+        self._last = -1
 
     def put(self, row: int, table: Sequence[int]) -> None:
         """Make ``array[row, :len(table)]`` hold ``table`` (a list that is only ever appended to)."""
         n = len(table)
         held = self._held[row]
         if held is not None and held[0] is table and held[1] == n:
+            self._last = row
             return
-        self.array[row, :n] = table
+        last = self._held[self._last] if self._last >= 0 else None
+        if last is not None and last[0] is table and last[1] == n:
+            # NOTE(h7): a request's several rows in one step (a prefix hit's tail) share its table:
+            # a row copy in numpy, where converting the list again took ~20 us a row for 256 blocks
+            self.array[row, :n] = self.array[self._last, :n]
+        else:
+            self.array[row, :n] = table
         self._held[row] = (table, n)  # the reference also keeps the list alive, so `is` stays sound
+        self._last = row
 
 
 class DecodeGraphs:
@@ -122,6 +134,8 @@ class DecodeGraphs:
         self._tables = torch.zeros((b, max_blocks), dtype=torch.int32, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
+        self.num_replays = 0
+        """Steps replayed by ``run``."""
         self._capture(model, kv_caches, device, pool)
 
     @torch.inference_mode()
@@ -164,9 +178,11 @@ class DecodeGraphs:
         tables: Sequence[Sequence[int]],
         sources: Sequence[int],
     ) -> torch.Tensor:
-        """Replay the step for ``n`` one-token rows; return ``(n, vocab)`` fp32 logits (overwritten by the next run).
+        """Replay the step for ``n`` rows, a query token each; return ``(n, vocab)`` fp32 logits (overwritten by the next run).
 
-        ``positions`` are the new tokens' positions (the context length is ``position + 1``),
+        A row is a decode step's token or one of a short run of a request's new tokens (rows in
+        order, sharing its table): each row's context ends at its own token, whose key and value
+        every layer writes before attending. ``positions`` are the rows' positions (the context length is ``position + 1``),
         ``slots`` their flat KV slots, ``tables`` each row's block ids, ``sources`` each row's index
         into the last sampled ids, or -1 where ``ids`` holds the token.
         """
@@ -188,4 +204,5 @@ class DecodeGraphs:
         self._inputs.copy_(host, non_blocking=True)
         self._tables[:n].copy_(host_tables[:n], non_blocking=True)
         self._graphs[bs].replay()
+        self.num_replays += 1
         return self._logits[bs][:n]

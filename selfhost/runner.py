@@ -29,6 +29,20 @@ if TYPE_CHECKING:
     from selfhost.step_graphs import StepGraphs
 
 
+DECODE_ROWS_MAX = 8
+"""Most rows (new tokens) of a step that runs through the decode graphs when a request in it runs
+more than one token: a prefix hit's short tail or a short prompt, on a quiet engine.
+
+NOTE(h7): the step graphs pad such a step to 16 rows and run the prefill attention and their empty
+decode rows besides. On the H100 (SmolLM2, bf16, a 4k prompt's prefix cached; alternated runs on
+four machines, bench/results/engine_gpu_smollm_short_tails_h100.json) the decode graphs took the
+device's part of the cached TTFT from 1.09-1.24 to 0.72-1.02 ms for a 4-token tail and from
+0.99-1.23 to 0.90-1.13 for 8, while a 16-token tail came out even or up to 0.1 ms slower. Each row
+reads the context up to its own token, so t rows read it t times (from L2 after the first); bigger
+steps keep the step graphs.
+"""
+
+
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one KV block takes across all layers (keys and values)."""
     elem = torch.empty((), dtype=dtype).element_size()
@@ -137,7 +151,8 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, kv: KVCacheManager) -> torch.Tensor:
         """Run the batch's new tokens; return ``(S, vocab)`` fp32 logits of its S sampling requests, in order."""
         graphs = self.graphs
-        if graphs is not None and len(batch.requests) <= graphs.max_batch and all(n == 1 for n in batch.num_new_tokens):
+        n = batch.total_tokens
+        if graphs is not None and n <= graphs.max_batch and (n == len(batch.requests) or n <= DECODE_ROWS_MAX):
             return self._execute_graph(graphs, batch, kv)
         steps = self.step_graphs
         order: Sequence[int] = range(len(batch.requests))
@@ -193,23 +208,37 @@ class ModelRunner:
         return flat
 
     def _execute_graph(self, graphs: DecodeGraphs, batch: ScheduledBatch, kv: KVCacheManager) -> torch.Tensor:
-        """A one-token-per-request step through the captured graph of the next batch size up."""
+        """A step of few new tokens a request through the captured decode graph of the next row count up.
+
+        Each new token is a row of its own, attending over its context up to itself: every layer
+        writes the step's keys and values before it attends, so a request's later rows see its
+        earlier ones.
+        """
         bs = self.block_size
         ids: list[int] = []
+        positions: list[int] = []
         sources: list[int] = []
         slots: list[int] = []
         tables: list[list[int]] = []
         rows: list[int] = []
-        for i, (request, pos, samples) in enumerate(zip(batch.requests, batch.starts, batch.samples, strict=True)):
+        for request, start, num_new, samples in zip(
+            batch.requests, batch.starts, batch.num_new_tokens, batch.samples, strict=True
+        ):
             table = kv.block_ids(request.request_id)
-            (token,), source = self._source(request, pos, pos + 1)
-            ids.append(token)
-            sources.append(source)
-            slots.append(table[pos // bs] * bs + pos % bs)
-            tables.append(table)
+            end = start + num_new
+            tokens, source = self._source(request, start, end)
+            ids.extend(tokens)
+            positions.extend(range(start, end))
+            if num_new > 1:
+                sources.extend([-1] * (num_new - 1))
+            sources.append(source)  # only the last token can be pending
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            tables.extend([table] * num_new)
             if samples:
-                rows.append(i)
-        logits = graphs.run(ids, batch.starts, slots, tables, sources)  # (n, V), valid until the next replay
+                rows.append(len(ids) - 1)
+        logits = graphs.run(ids, positions, slots, tables, sources)  # (n, V), valid until the next replay
         if len(rows) == len(ids):
             return logits
+        if len(rows) == 1:  # a lone request's tail: a view, where an index would upload it first
+            return logits[rows[0] : rows[0] + 1]
         return logits[upload(rows, torch.long, self.device)]

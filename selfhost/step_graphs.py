@@ -1,4 +1,4 @@
-"""CUDA graphs of the steps that are not decode-only: prefills, chunks mixed with decodes, prefix hits' tails.
+"""CUDA graphs of the steps the decode graphs do not take: prefills, chunks mixed with decodes.
 
 A step of a small model launches a few hundred kernels whatever its token count; from Python each
 costs tens of microseconds of host time, far more than the GPU spends on a short step. As vLLM v1
@@ -21,7 +21,7 @@ and the block-table width alone, and nothing in the captured function syncs with
 Owns the static buffers, the host staging and fill, the captures and the replay; on a device
 without CUDA graphs (the CPU, in tests under ``TRITON_INTERPRET=1``) the same step function is
 called directly. Does not own choosing which steps run here or building the flattened batch
-(``runner``), decode-only steps (``selfhost.graphs``), the kernels (``kernels/``) nor sampling.
+(``runner``), steps of a few tokens a request (``selfhost.graphs``), the kernels (``kernels/``) nor sampling.
 """
 
 from __future__ import annotations

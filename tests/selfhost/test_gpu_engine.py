@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from selfhost.loader import load_model
+from selfhost.runner import DECODE_ROWS_MAX
 from selfhost.sampling import SamplingParams
 from tests.selfhost.conftest import CHAT_PROMPTS, Loaded, chat_ids, make_engine
 
@@ -109,7 +110,7 @@ def test_gpu_bf16_matches_hf_bf16_by_top5_rule(smollm2: Loaded, hf_smollm2: Any)
 def test_gpu_fp32_step_graphs_equal_eager_with_chunked_prefill_and_prefix_hits(
     smollm2: Loaded, gpu_fp32: Loaded
 ) -> None:
-    """Mixed and prefill steps replayed from ``StepGraphs`` give the eager engine's greedy ids, token for token."""
+    """Mixed and prefill steps from ``StepGraphs``, and short prefix-hit tails as decode-graph rows, give the eager engine's greedy ids."""
     ids = [chat_ids(smollm2, p) for p in CHAT_PROMPTS]
     # a 48-token budget chunks every prompt and mixes its chunks with running decodes; the shared
     # chat preamble, and the second round, hit cached prefixes and run only their tails
@@ -122,4 +123,17 @@ def test_gpu_fp32_step_graphs_equal_eager_with_chunked_prefill_and_prefix_hits(
     first_round = step_graphs.num_replays
     assert graphs.generate(ids, GREEDY) == eager.generate(ids, GREEDY) == want
     assert first_round > 0
-    assert step_graphs.num_replays > first_round  # the prefix hits' tails replayed too
+    decode_graphs = graphs.runner.graphs
+    assert decode_graphs is not None
+    # each prompt cut a few tokens past a block boundary and run alone hits the blocks cached above:
+    # a 12-token tail replays a step graph, a 4-token one runs as rows of the decode graphs
+    # (runner.DECODE_ROWS_MAX)
+    for tail in (12, 4):
+        cut = [p[: (len(p) - tail - 1) // 16 * 16 + tail] for p in ids]
+        steps_before, decodes_before = step_graphs.num_replays, decode_graphs.num_replays
+        assert [graphs.generate([p], GREEDY)[0] for p in cut] == [eager.generate([p], GREEDY)[0] for p in cut]
+        assert decode_graphs.num_replays > decodes_before  # the decode steps after the tails
+        if tail > DECODE_ROWS_MAX:
+            assert step_graphs.num_replays > steps_before
+        else:
+            assert step_graphs.num_replays == steps_before
