@@ -88,7 +88,7 @@ class TableRows:
         last = self._held[self._last] if self._last >= 0 else None
         if last is not None and last[0] is table and last[1] == n:
             # NOTE(h7): a request's several rows in one step (a prefix hit's tail) share its table:
-            # a row copy in numpy, where converting the list again took ~20 us a row for 256 blocks
+            # a row copy in numpy, 0.8 us on the CPU VM where converting the 256-id list again took 15 us
             self.array[row, :n] = self.array[self._last, :n]
         else:
             self.array[row, :n] = table
