@@ -119,8 +119,9 @@ class EngineConfig:
     capped at ``max_num_seqs``, whose own size is always captured."""
     cuda_graph_token_sizes: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
     """Token counts of the steps the decode graphs do not take (prefills, chunks mixed with decodes;
-    ``runner.DECODE_ROWS_MAX``) captured in CUDA graphs (``selfhost.step_graphs``; a step is padded to the next
-    one); capped at ``max_num_batched_tokens``, whose own size is always captured; empty: none."""
+    ``runner.DECODE_ROWS_MAX``) captured in CUDA graphs (``selfhost.step_graphs``; a step is padded
+    to the next one); capped at ``max_num_batched_tokens``, whose own size is always captured;
+    empty: none."""
     async_scheduling: bool | None = None
     """Plan and launch step n+1 before step n's sampled tokens reach the host, so host work (scheduling,
     text, metrics) overlaps the device's; outputs then arrive one ``step`` call later. None: on CUDA

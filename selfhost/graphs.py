@@ -182,9 +182,9 @@ class DecodeGraphs:
 
         A row is a decode step's token or one of a short run of a request's new tokens (rows in
         order, sharing its table): each row's context ends at its own token, whose key and value
-        every layer writes before attending. ``positions`` are the rows' positions (the context length is ``position + 1``),
-        ``slots`` their flat KV slots, ``tables`` each row's block ids, ``sources`` each row's index
-        into the last sampled ids, or -1 where ``ids`` holds the token.
+        every layer writes before attending. ``positions`` are the rows' positions (the context
+        length is ``position + 1``), ``slots`` their flat KV slots, ``tables`` each row's block ids,
+        ``sources`` each row's index into the last sampled ids, or -1 where ``ids`` holds the token.
         """
         n = len(ids)
         bs = next(s for s in self.sizes if s >= n)

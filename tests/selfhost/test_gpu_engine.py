@@ -110,7 +110,7 @@ def test_gpu_bf16_matches_hf_bf16_by_top5_rule(smollm2: Loaded, hf_smollm2: Any)
 def test_gpu_fp32_step_graphs_equal_eager_with_chunked_prefill_and_prefix_hits(
     smollm2: Loaded, gpu_fp32: Loaded
 ) -> None:
-    """Mixed and prefill steps from ``StepGraphs``, and short prefix-hit tails as decode-graph rows, give the eager engine's greedy ids."""
+    """Steps replayed from ``StepGraphs``, and short prefix-hit tails as decode-graph rows, give the eager engine's ids."""
     ids = [chat_ids(smollm2, p) for p in CHAT_PROMPTS]
     # a 48-token budget chunks every prompt and mixes its chunks with running decodes; the shared
     # chat preamble, and the second round, hit cached prefixes and run only their tails
