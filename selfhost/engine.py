@@ -8,14 +8,17 @@ Single-threaded: every method must be called from one thread.
 
 from __future__ import annotations
 
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from selfhost import loader
+from selfhost.block_hash import pack_token_ids
 from selfhost.config import EngineConfig, ModelConfig
 from selfhost.kv_cache import KVCacheManager
 from selfhost.metrics import EngineMetrics, MetricsSnapshot
@@ -146,19 +149,29 @@ class LLMEngine:
             token_ids = self.tokenizer.encode(prompt)
         else:
             token_ids = list(prompt)
-        self._validate(token_ids, params)
+        packed = self._validate(token_ids, params)
         salt = cache_salt if cache_salt is not None else (tenant if self.config.salt_by_tenant else None)
-        request = Request(request_id, token_ids, params, cache_salt=salt)
+        request = Request(request_id, token_ids, params, cache_salt=salt, packed_prompt=packed)
         self.scheduler.add_request(request)
         self.outputs.add(request)
         return request
 
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> bytes:
+        """Check the prompt and its budget; return its ids packed as the block hashes read them."""
         if not token_ids:
             raise ValueError("the prompt is empty")
         vocab = self.model_config.vocab_size
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
-            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        # NOTE(crossway): packed once, for the range check and for the block hashes, which then
+        # skip packing (a 4k hit's lookup 0.18 against 0.26 ms on the H100's host; the check 0.07
+        # against 0.075 ms for min() and max() there, 0.08 against 0.25 on the CPU VM;
+        # bench/prefix_lookup_cost.py)
+        try:
+            packed = pack_token_ids(token_ids)
+        except struct.error:
+            packed = b""
+        ids = np.frombuffer(packed, dtype="<i4")
+        if not packed or ids.min() < 0 or ids.max() >= vocab:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if len(token_ids) >= self.max_model_len:
             raise ValueError(
                 f"the prompt has {len(token_ids)} tokens; this model's context is {self.max_model_len} "
@@ -169,6 +182,7 @@ class LLMEngine:
                 f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
                 f"of {self.max_model_len} tokens; lower max_tokens to at most {self.max_model_len - len(token_ids)}"
             )
+        return packed
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """End requests now and free their KV blocks at once (unknown ids are ignored)."""

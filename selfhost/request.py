@@ -67,7 +67,9 @@ class Request:
         *,
         cache_salt: str | None = None,
         arrival_time: float | None = None,
+        packed_prompt: bytes = b"",
     ) -> None:
+        """``packed_prompt``: the prompt through ``block_hash.pack_token_ids``, where validation packed it already."""
         self.request_id = request_id
         self.params = params
         self.cache_salt = cache_salt
@@ -80,10 +82,15 @@ class Request:
         ahead): a step that ends at ``num_tokens + num_pending_tokens`` samples one more."""
         self.num_cached_tokens = -1
         """Prompt tokens found in the prefix cache at first scheduling (-1: not scheduled yet)."""
+        self.num_kv_tokens = 0
+        """Leading tokens whose keys and values the prefix hit at its last admission found in the
+        cache. One more than the tokens the hit spared when it covered every block of the prompt: the
+        last token then runs again for its logits, and its KV, in a shared block, is not written again."""
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.block_hashes: list[BlockHash] = []
+        self._packed_prompt = packed_prompt
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
@@ -112,7 +119,9 @@ class Request:
 
     def update_block_hashes(self, block_size: int, num_blocks: int | None = None) -> list[BlockHash]:
         """Hash blocks that became full (the first ``num_blocks`` at most); return this request's block hashes."""
-        return extend_block_hashes(self.block_hashes, self.all_token_ids, block_size, self.cache_salt, num_blocks)
+        return extend_block_hashes(
+            self.block_hashes, self.all_token_ids, block_size, self.cache_salt, num_blocks, self._packed_prompt
+        )
 
     def __repr__(self) -> str:
         return (

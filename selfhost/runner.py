@@ -43,6 +43,16 @@ steps keep the step graphs.
 """
 
 
+def _cached_slots(table: Sequence[int], start: int, end: int, block_size: int, kv_tokens: int) -> list[int]:
+    """Flat KV slots of positions ``[start, end)``, with -1 (no write) below ``kv_tokens``.
+
+    A full prefix hit's last token runs again for its logits while its key and value already sit in
+    a block other requests share: writing them again would change that block under its readers.
+    """
+    skip = min(kv_tokens, end) - start
+    return [-1] * skip + [table[p // block_size] * block_size + p % block_size for p in range(start + skip, end)]
+
+
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one KV block takes across all layers (keys and values)."""
     elem = torch.empty((), dtype=dtype).element_size()
@@ -56,7 +66,7 @@ class _Flat:
     ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
-    """Flat KV slot of each token (filled only when asked)."""
+    """Flat KV slot of each token; -1 where its KV is cached already (``Request.num_kv_tokens``)."""
     query_start: list[int] = field(default_factory=lambda: [0])
     seq_lens: list[int] = field(default_factory=list)
     tables: list[list[int]] = field(default_factory=list)
@@ -158,7 +168,7 @@ class ModelRunner:
         order: Sequence[int] = range(len(batch.requests))
         if steps is not None:  # the step graphs take the one-token rows first
             order = sorted(order, key=lambda i: batch.num_new_tokens[i] != 1)
-        flat = self._flatten(batch, kv, order, slots=steps is not None)
+        flat = self._flatten(batch, kv, order)
         if steps is not None:
             logits = steps.run(
                 flat.ids,
@@ -173,7 +183,9 @@ class ModelRunner:
             )
             if logits is not None:
                 return logits
-        meta = build_attention_metadata(flat.query_start, flat.seq_lens, flat.tables, self.block_size, self.device)
+        meta = build_attention_metadata(
+            flat.query_start, flat.seq_lens, flat.tables, self.block_size, self.device, flat.slots
+        )
         token_ids = upload(flat.ids, torch.long, self.device)
         if flat.pending_rows:
             rows = upload(flat.pending_rows, torch.long, self.device)
@@ -182,7 +194,7 @@ class ModelRunner:
         hidden = self.model(token_ids, pos, self.kv_caches, meta, kernels=self.use_kernels)  # (N, C)
         return self.model.compute_logits(hidden[upload(flat.logits_rows, torch.long, self.device)])  # (S, V)
 
-    def _flatten(self, batch: ScheduledBatch, kv: KVCacheManager, order: Sequence[int], *, slots: bool) -> _Flat:
+    def _flatten(self, batch: ScheduledBatch, kv: KVCacheManager, order: Sequence[int]) -> _Flat:
         """The batch's new tokens as one flat batch, requests in ``order``; logits rows in the batch's sampling order."""
         flat = _Flat()
         bs = self.block_size
@@ -201,7 +213,9 @@ class ModelRunner:
             flat.query_start.append(row0 + num_new)
             flat.seq_lens.append(end)
             flat.tables.append(table)
-            if slots:
+            if request.num_kv_tokens > start:
+                flat.slots.extend(_cached_slots(table, start, end, bs, request.num_kv_tokens))
+            else:
                 flat.slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             last_row[i] = row0 + num_new - 1
         flat.logits_rows = [last_row[i] for i, samples in enumerate(batch.samples) if samples]
@@ -232,7 +246,10 @@ class ModelRunner:
             if num_new > 1:
                 sources.extend([-1] * (num_new - 1))
             sources.append(source)  # only the last token can be pending
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            if request.num_kv_tokens > start:
+                slots.extend(_cached_slots(table, start, end, bs, request.num_kv_tokens))
+            else:
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             tables.extend([table] * num_new)
             if samples:
                 rows.append(len(ids) - 1)

@@ -119,10 +119,11 @@ class Scheduler:
                 break  # preempted while its last step ran: admit it once that token is known
             hit = self.kv.find_prefix(request)
             num_new = self._chunk(request.num_tokens - hit.num_tokens, budget)
-            if self.kv.allocate_slots(request, num_new, hit.blocks) is None:
+            if self.kv.allocate_slots(request, num_new, hit) is None:
                 break
             self.waiting.popleft()
             request.num_computed_tokens = hit.num_tokens
+            request.num_kv_tokens = len(hit.blocks) * self.kv.block_size
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = hit.num_tokens
             request.status = RequestStatus.RUNNING

@@ -56,7 +56,7 @@ class Attention(nn.Module):
         qk, v = heads[:, : self.nh + self.nkv], heads[:, self.nh + self.nkv :]  # (N, nh + nkv, hd), (N, nkv, hd)
         qk = ops.apply_rope(qk, cos, sin)  # queries and keys rotated together
         q, k = qk[:, : self.nh], qk[:, self.nh :]  # (N, nh, hd), (N, nkv, hd)
-        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.written_rows)
         o = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)  # (N, nh, hd)
         return self.o.project(o.reshape(N, self.q_size))  # (N, C)
 

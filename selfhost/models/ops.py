@@ -55,7 +55,8 @@ class AttentionMetadata:
     """
 
     slot_mapping: torch.Tensor
-    """(N,) int64: flat cache slot (``block_id * block_size + offset``) of each new token."""
+    """(N,) int64: flat cache slot (``block_id * block_size + offset``) of each new token; -1 where
+    the cache holds its key and value already (a full prefix hit's last token, in a shared block)."""
     decode_rows: torch.Tensor
     """(D,) int64: rows of the sequences that run exactly one new token."""
     decode_blocks: torch.Tensor
@@ -70,6 +71,8 @@ class AttentionMetadata:
     """(D,) int64: each decode sequence's context length (the kernel path reads it instead of ``decode_mask``)."""
     prefill_batch: PrefillBatch | None = None
     """``prefills`` again, for the kernel path's paged prefill attention; None when there are none."""
+    written_rows: torch.Tensor | None = None
+    """(W,) int64: the rows whose slot is not -1, when some are (``write_kv`` takes only these); else None."""
 
 
 def upload(values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -81,9 +84,18 @@ def upload(values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: 
 
 
 def build_attention_metadata(
-    query_start: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int, device: torch.device
+    query_start: list[int],
+    seq_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device,
+    slots: list[int] | None = None,
 ) -> AttentionMetadata:
-    """Turn per-sequence offsets, context lengths and block tables into the step's index tensors."""
+    """Turn per-sequence offsets, context lengths and block tables into the step's index tensors.
+
+    ``slots`` gives the new tokens' cache slots where the caller has them (-1: not written);
+    without it they follow from the block tables.
+    """
     # NOTE(crossway): work here is O(new tokens + blocks) per sequence, never O(context) in Python,
     # so long contexts do not slow decode steps down.
     new_slots: list[int] = []
@@ -96,7 +108,10 @@ def build_attention_metadata(
         table = block_tables[i]
         start, end = query_start[i], query_start[i + 1]
         q_len = end - start
-        new_slots.extend(table[p // block_size] * block_size + p % block_size for p in range(ctx_len - q_len, ctx_len))
+        if slots is None:
+            new_slots.extend(
+                table[p // block_size] * block_size + p % block_size for p in range(ctx_len - q_len, ctx_len)
+            )
         if q_len == 1:
             decode_rows.append(start)
             decode_tables.append(table[: -(-ctx_len // block_size)])
@@ -104,12 +119,12 @@ def build_attention_metadata(
             continue
         blocks = upload(table[: -(-ctx_len // block_size)], torch.long, device)
         offsets = torch.arange(block_size, device=device)
-        slots = (blocks.unsqueeze(1) * block_size + offsets).flatten()[:ctx_len]  # (L,)
+        context = (blocks.unsqueeze(1) * block_size + offsets).flatten()[:ctx_len]  # (L,)
         mask = None
         if q_len < ctx_len:  # query r sits at position ctx_len - q_len + r and sees keys 0..that position
             rows = torch.arange(q_len, device=device).unsqueeze(1) + (ctx_len - q_len)  # (q_len, 1)
             mask = torch.arange(ctx_len, device=device).unsqueeze(0) <= rows  # (q_len, L)
-        prefills.append(PrefillSeq(slice(start, end), slots, mask))
+        prefills.append(PrefillSeq(slice(start, end), context, mask))
         prefill_rows.append((start, q_len, ctx_len, table[: -(-ctx_len // block_size)]))
     bmax = max((len(t) for t in decode_tables), default=0)
     padded = [b for t in decode_tables for b in t + [0] * (bmax - len(t))]
@@ -118,6 +133,11 @@ def build_attention_metadata(
     # NOTE(crossway): an additive float mask, built once per step: SDPA would turn a bool mask
     # into this in every layer.
     mask = torch.zeros(pad.shape, device=device).masked_fill_(pad, float("-inf"))
+    if slots is not None:
+        new_slots = slots
+    written = None
+    if new_slots and min(new_slots) < 0:
+        written = upload([i for i, slot in enumerate(new_slots) if slot >= 0], torch.long, device)
     return AttentionMetadata(
         slot_mapping=upload(new_slots, torch.long, device),
         decode_rows=upload(decode_rows, torch.long, device),
@@ -127,6 +147,7 @@ def build_attention_metadata(
         all_decode=not prefills,
         decode_lens=lens,
         prefill_batch=_prefill_batch(prefill_rows, device) if prefill_rows else None,
+        written_rows=written,
     )
 
 
@@ -231,9 +252,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
 
 
 def write_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    rows: torch.Tensor | None = None,
 ) -> None:
-    """Scatter new keys and values ``(N, nkv, hd)`` into caches ``(num_blocks, block_size, nkv, hd)`` by slot."""
+    """Scatter new keys and values ``(N, nkv, hd)`` into caches ``(num_blocks, block_size, nkv, hd)`` by slot.
+
+    ``rows`` (``AttentionMetadata.written_rows``) picks the rows to write when some have slot -1.
+    """
+    if rows is not None:
+        k, v, slot_mapping = k[rows], v[rows], slot_mapping[rows]  # (W, nkv, hd), (W, nkv, hd), (W,)
     nkv, hd = k.shape[1], k.shape[2]
     k_cache.view(-1, nkv, hd).index_copy_(0, slot_mapping, k)  # (num_blocks * block_size, nkv, hd)
     v_cache.view(-1, nkv, hd).index_copy_(0, slot_mapping, v)

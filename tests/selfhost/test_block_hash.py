@@ -3,7 +3,7 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from selfhost.block_hash import ROOT_HASH, extend_block_hashes, hash_block
+from selfhost.block_hash import ROOT_HASH, extend_block_hashes, hash_block, pack_token_ids
 
 
 def test_hash_block_is_sha256_of_parent_tokens_and_keys() -> None:
@@ -40,3 +40,12 @@ def test_salt_changes_every_block_hash_through_the_chain() -> None:
 
 def test_extra_keys_are_length_prefixed() -> None:
     assert hash_block(ROOT_HASH, [1], ("ab", "c")) != hash_block(ROOT_HASH, [1], ("a", "bc"))
+
+
+def test_hashes_read_from_the_packed_prompt_equal_those_packed_again_and_extend_past_it() -> None:
+    prompt = [7, 300, 5, 49151, 0, 12, 9]
+    packed = pack_token_ids(prompt)
+    assert packed == struct.pack("<7i", *prompt)
+    tokens = [*prompt, 4, 4, 4]  # three output tokens: the third block fills past the packed prompt
+    assert extend_block_hashes([], tokens, 3, "t", packed=packed) == extend_block_hashes([], tokens, 3, "t")
+    assert extend_block_hashes([], tokens, 3, packed=packed, num_blocks=2) == extend_block_hashes([], tokens[:6], 3)

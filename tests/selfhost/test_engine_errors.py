@@ -25,8 +25,11 @@ def test_bad_requests_raise_and_engine_keeps_serving(smollm2: Loaded) -> None:
         engine.add_request("long", [5] * 200, ok)
     with pytest.raises(ValueError, match="lower max_tokens to at most 28"):
         engine.add_request("beyond", [5] * 100, SamplingParams(max_tokens=29))
-    with pytest.raises(ValueError, match=r"must lie in \[0, 49152\)"):
+    with pytest.raises(ValueError, match=r"must be integers in \[0, 49152\)"):
         engine.add_request("vocab", [49152], ok)
+    for bad in ([5, -1], [5, 2**40], [5, 1.5]):
+        with pytest.raises(ValueError, match=r"must be integers in \[0, 49152\)"):
+            engine.add_request("vocab", bad, ok)  # type: ignore[arg-type]
     engine.add_request("dup", [5, 6], ok)
     with pytest.raises(ValueError, match="already live"):
         engine.add_request("dup", [5, 6], ok)

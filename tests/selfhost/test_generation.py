@@ -74,12 +74,35 @@ def test_prefix_cache_hit_equals_miss(smollm2: Loaded, alone: list[list[int]]) -
             tokens += [t for out in engine.step() for t in out.token_ids]
         assert request.num_cached_tokens >= 3 * 16, "the shared system prompt should hit"
         assert tokens == alone[i]
-    # the very same prompt again: everything but the last block hits
+    # the very same prompt again: every full block hits; only the tail runs (a whole-block prompt: its last token)
     again = engine.add_request("again", ps[9], GREEDY)
     while engine.has_unfinished_requests():
         engine.step()
-    assert again.num_cached_tokens == (len(ps[9]) - 1) // 16 * 16
+    assert again.num_cached_tokens == min(len(ps[9]) // 16 * 16, len(ps[9]) - 1)
     assert engine.metrics_snapshot().prefix_cache_hit_rate > 0.4
+
+
+def test_full_prefix_hit_equals_miss_and_leaves_the_shared_blocks_untouched(smollm2: Loaded) -> None:
+    """A prompt of whole blocks, all cached, runs only its last token again, and writes no KV over the shared blocks."""
+    prompt = prompts(smollm2)[9]
+    prompt = prompt[: len(prompt) // 16 * 16]
+    expected = make_engine(smollm2, enable_prefix_caching=False).generate([prompt], GREEDY)[0]
+    engine = make_engine(smollm2)
+    first = engine.add_request("first", prompt, GREEDY)
+    tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        tokens += [t for out in engine.step() for t in out.token_ids]
+    assert tokens == expected
+    block = engine.kv.pool.cached_block_ids()[first.block_hashes[len(prompt) // 16 - 1]]  # the prompt's last block
+    before = [(k[block].clone(), v[block].clone()) for k, v in engine.runner.kv_caches]
+    again = engine.add_request("again", prompt, GREEDY)
+    tokens = []
+    while engine.has_unfinished_requests():
+        tokens += [t for out in engine.step() for t in out.token_ids]
+    assert (again.num_cached_tokens, again.num_kv_tokens) == (len(prompt) - 1, len(prompt))
+    assert tokens == expected
+    after = [(k[block], v[block]) for k, v in engine.runner.kv_caches]
+    assert all(torch.equal(k0, k1) and torch.equal(v0, v1) for (k0, v0), (k1, v1) in zip(before, after, strict=True))
 
 
 def test_chunked_prefill_equals_whole_prefill(smollm2: Loaded, alone: list[list[int]]) -> None:

@@ -10,7 +10,7 @@ def admit(kv: KVCacheManager, request, num_new: int | None = None):
     """Look up the prefix, allocate the rest, and mark the hit as computed (as the scheduler does)."""
     hit = kv.find_prefix(request)
     n = request.num_tokens - hit.num_tokens if num_new is None else num_new
-    new = kv.allocate_slots(request, n, hit.blocks)
+    new = kv.allocate_slots(request, n, hit)
     if new is not None:
         request.num_computed_tokens = hit.num_tokens
     return hit, new
@@ -95,18 +95,22 @@ def test_shared_blocks_are_reference_counted() -> None:
     assert kv.pool.free_block_ids() == [3, 2, 4, 5, 6, 7, 8, 9, 1, 0]
 
 
-def test_hit_is_capped_so_the_last_prompt_token_is_recomputed() -> None:
+def test_full_hit_takes_every_block_and_leaves_only_the_last_token_to_run() -> None:
     kv = KVCacheManager(10, 4)
     a = make_request("a", 8)
     admit(kv, a)
     kv.free(a)
     b = make_request("b", 8)
     hit, new = admit(kv, b)
-    assert [blk.block_id for blk in hit.blocks] == [0]
-    assert [blk.block_id for blk in new] == [2]  # the front of [2, ..., 9, 1, 0]
-    # block 2 recomputes what block 1 holds; the index keeps the first block for that hash
-    assert kv.pool.cached_block_ids()[b.block_hashes[1]] == 1
-    assert kv.pool.blocks[2].block_hash is None
+    assert [blk.block_id for blk in hit.blocks] == [0, 1]
+    assert hit.num_tokens == 7  # the last token runs again for its logits
+    assert new == []  # its slot is in block 1, which it shares
+    assert kv.block_ids("b") == [0, 1]
+    assert refs(kv)[:3] == [1, 1, 0]
+    assert (kv.prefix_query_tokens, kv.prefix_hit_tokens) == (16, 7)
+    b.num_computed_tokens = 8
+    b.append_output_token(5)
+    assert [blk.block_id for blk in kv.allocate_slots(b, 1)] == [2]  # the first output token's block
 
 
 def test_lru_evicts_front_of_queue_and_drops_its_hash() -> None:

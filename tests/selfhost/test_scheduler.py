@@ -50,6 +50,20 @@ def test_prefix_hit_skips_computed_tokens() -> None:
     assert (s.kv.prefix_query_tokens, s.kv.prefix_hit_tokens) == (20, 8)
 
 
+def test_full_prefix_hit_runs_the_last_token_without_writing_its_shared_block() -> None:
+    s = make_scheduler(budget=64, num_blocks=20)
+    s.add_request(make_request("a", 8, max_tokens=1))
+    run_step(s)
+    b = make_request("b", 8, max_tokens=2)
+    s.add_request(b)
+    assert run_step(s) == [("b", 1)]
+    assert (b.num_cached_tokens, b.num_kv_tokens) == (7, 8)  # token 7 ran; its KV sits in shared block 1
+    assert s.kv.block_ids("b") == [0, 1]
+    batch = s.schedule()
+    assert (batch.starts, batch.num_new_tokens) == ([8], [1])
+    assert s.kv.block_ids("b") == [0, 1, 2]  # its first output token's block
+
+
 def test_preemption_picks_newest_and_recomputes_later() -> None:
     s = make_scheduler(num_blocks=6, block_size=4, budget=32)
     s.add_request(make_request("a", [1] * 8, max_tokens=20))
