@@ -1,10 +1,10 @@
-"""Where a cached prompt's time to first token goes on the host, function by function, without a profiler.
+"""Where a prompt's time to first token goes on the host, cold and cached, function by function, without a profiler.
 
 ``bench.engine_gpu_smollm``'s TTFT section splits a cached request into ``add_request``, the step
 that plans and launches and the step that waits; ``ttft_profile`` there names the kernels but
 inflates every host span. This wraps the engine's own functions (validation, prefix lookup, slot
 allocation, the graph runs and their replay, sampling) in ``perf_counter`` pairs and prints the
-median of each over the cached runs of every prompt length, beside the TTFT itself (the bench's
+median of each over the cold and the cached runs of every prompt length, beside the TTFT itself (the bench's
 ``ttft``, timed before the wrappers go in) and the batch-1 decode rate.
 
     python -m bench.ttft_host --lengths 4096,4097,4100,4112 --json $OUT/ttft_host.json
@@ -36,6 +36,8 @@ WRAPPED: list[tuple[Any, str, str]] = [
     (scheduler.Scheduler, "schedule", "schedule"),
     (kv_cache.KVCacheManager, "find_prefix", "  find_prefix"),
     (kv_cache.KVCacheManager, "allocate_slots", "  allocate_slots"),
+    (kv_cache.BlockPool, "allocate", "    pool.allocate"),
+    (kv_cache.KVCacheManager, "_cache_full_blocks", "    cache_full_blocks"),
     (LLMEngine, "_launch", "launch"),
     (runner.ModelRunner, "execute", "  execute"),
     (runner.ModelRunner, "_flatten", "    flatten"),
@@ -66,10 +68,11 @@ def wrap_all(times: dict[str, list[float]], recording: list[bool]) -> None:
 
 
 def breakdown(
-    engine: LLMEngine, prompt_len: int, rounds: int, times: dict[str, list[float]], recording: list[bool]
+    engine: LLMEngine, prompt_len: int, rounds: int, times: dict[str, list[float]], recording: list[bool], phase: str
 ) -> dict[str, Any]:
-    """Median us of each wrapped function over ``rounds`` cached runs of fresh prompts (after one warm-up round)."""
+    """Median us of each wrapped function over ``rounds`` runs of fresh prompts, ``cold`` or ``cached`` (after one warm-up round)."""
     times.clear()
+    engine.kv.pool.reset_prefix_cache()  # the other phase ran the same prompts
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     totals: list[float] = []
     for r in range(rounds + 1):
@@ -77,7 +80,7 @@ def breakdown(
         for cached in (False, True):
             if engine.config.device.startswith("cuda"):
                 torch.cuda.synchronize()
-            recording[0] = cached and r > 0
+            recording[0] = cached == (phase == "cached") and r > 0
             t0 = time.perf_counter()
             engine.add_request(f"{prompt_len}-{r}-{cached}", prompt, params)
             while engine.has_unfinished_requests():
@@ -88,7 +91,7 @@ def breakdown(
                 totals.append((time.perf_counter() - t0) * 1e6)
             recording[0] = False
     return {
-        "cached_total_us": statistics.median(totals),
+        "total_us": statistics.median(totals),
         **{label: statistics.median(v) for label, v in times.items()},
     }
 
@@ -129,13 +132,14 @@ def main() -> None:
     times: dict[str, list[float]] = defaultdict(list)
     recording = [False]
     wrap_all(times, recording)
-    for n in lengths:
-        row = breakdown(engine, n, args.rounds, times, recording)
-        results[f"host_us_{n}"] = row
-        print(f"{n}: cached {row['cached_total_us']:.1f} us")
-        for _, _, label in WRAPPED:
-            if label in row:
-                print(f"  {label:28s} {row[label]:9.1f} us")
+    for phase in ("cached", "cold"):
+        for n in lengths:
+            row = breakdown(engine, n, args.rounds, times, recording, phase)
+            results[f"host_us_{phase}_{n}"] = row
+            print(f"{n} {phase}: {row['total_us']:.1f} us")
+            for _, _, label in WRAPPED:
+                if label in row:
+                    print(f"  {label:28s} {row[label]:9.1f} us")
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2, default=str))
