@@ -50,7 +50,7 @@ def test_prefix_hit_skips_computed_tokens() -> None:
     assert (s.kv.prefix_query_tokens, s.kv.prefix_hit_tokens) == (20, 8)
 
 
-def test_full_prefix_hit_runs_the_last_token_without_writing_its_shared_block() -> None:
+def test_full_prefix_hit_admits_with_every_block_shared_and_one_token_to_run() -> None:
     s = make_scheduler(budget=64, num_blocks=20)
     s.add_request(make_request("a", 8, max_tokens=1))
     run_step(s)
