@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 
+from selfhost.block_hash import extend_block_hashes
 from selfhost.loader import load_model
 from selfhost.runner import DECODE_ROWS_MAX
 from selfhost.sampling import SamplingParams
@@ -137,3 +138,31 @@ def test_gpu_fp32_step_graphs_equal_eager_with_chunked_prefill_and_prefix_hits(
             assert step_graphs.num_replays > steps_before
         else:
             assert step_graphs.num_replays == steps_before
+
+
+def test_gpu_fp32_full_prefix_hit_equals_eager_and_leaves_the_shared_blocks_untouched(
+    smollm2: Loaded, gpu_fp32: Loaded
+) -> None:
+    """Whole-block prompts run again with every block cached: the last token alone, through a decode graph, writing no KV."""
+    cut = [p[: len(p) // 16 * 16] for p in (chat_ids(smollm2, q) for q in CHAT_PROMPTS) if len(p) >= 32]
+    eager = make_engine(gpu_fp32, device="cuda", enforce_eager=True, enable_prefix_caching=False)
+    want = [eager.generate([p], GREEDY)[0] for p in cut]
+    graphs = make_engine(gpu_fp32, device="cuda")
+    assert [graphs.generate([p], GREEDY)[0] for p in cut] == want  # caches every prompt's blocks
+    index = graphs.kv.pool.cached_block_ids()
+    blocks = torch.tensor(sorted({index[h] for p in cut for h in extend_block_hashes([], p, 16)}), device="cuda")
+    before = [(k[blocks].clone(), v[blocks].clone()) for k, v in graphs.runner.kv_caches]
+    decode_graphs, step_graphs = graphs.runner.graphs, graphs.runner.step_graphs
+    assert decode_graphs is not None and step_graphs is not None
+    decodes, steps = decode_graphs.num_replays, step_graphs.num_replays
+    for p, expected in zip(cut, want, strict=True):
+        request = graphs.add_request(f"again-{len(p)}", p, GREEDY)
+        out: list[int] = []
+        while graphs.has_unfinished_requests():
+            out += [t for o in graphs.step() for t in o.token_ids]
+        assert (request.num_cached_tokens, request.num_kv_tokens) == (len(p) - 1, len(p))
+        assert out == expected
+    assert step_graphs.num_replays == steps  # every step of the second round, its first too, was a decode graph's
+    assert decode_graphs.num_replays > decodes
+    after = [(k[blocks], v[blocks]) for k, v in graphs.runner.kv_caches]
+    assert all(torch.equal(k0, k1) and torch.equal(v0, v1) for (k0, v0), (k1, v1) in zip(before, after, strict=True))
