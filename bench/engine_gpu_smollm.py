@@ -387,6 +387,21 @@ def section(results: dict[str, Any], name: str, fn: Callable[[], Any], path: Pat
     path.write_text(json.dumps(results, indent=2, default=str))  # a killed run keeps what it measured
 
 
+def engine_config(device: str, smoke: bool) -> EngineConfig:
+    """The bf16 engine every section starts from (fp32 on the CPU); ``smoke`` shrinks it for a CPU run."""
+    cuda = device.startswith("cuda")
+    dtype: DType = "bfloat16" if cuda else "float32"
+    return EngineConfig(
+        device=device,
+        dtype=dtype,
+        max_num_seqs=256 if not smoke else 8,
+        max_num_batched_tokens=8192 if not smoke else 256,
+        max_model_len=8192 if not smoke else 512,
+        kv_cache_memory_bytes=(10 << 30) if cuda else (256 << 20),
+        cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256),
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="smollm2", help="a model name or path, or llama3-8b-random")
@@ -405,16 +420,7 @@ def main() -> None:
     set_pdl(not args.no_pdl)
     smoke = args.smoke
     cuda = args.device.startswith("cuda")
-    dtype: DType = "bfloat16" if cuda else "float32"
-    base = EngineConfig(
-        device=args.device,
-        dtype=dtype,
-        max_num_seqs=256 if not smoke else 8,
-        max_num_batched_tokens=8192 if not smoke else 256,
-        max_model_len=8192 if not smoke else 512,
-        kv_cache_memory_bytes=(10 << 30) if cuda else (256 << 20),
-        cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256),
-    )
+    base = engine_config(args.device, smoke)
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "device": torch.cuda.get_device_name() if cuda else "cpu",

@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 
-from bench.engine_gpu_smollm import batch1_ms_per_token, ttft
+from bench.engine_gpu_smollm import batch1_ms_per_token, engine_config, ttft
 from selfhost import graphs, kv_cache, runner, sampling, scheduler, step_graphs
-from selfhost.config import EngineConfig
 from selfhost.engine import LLMEngine
 from selfhost.sampling import SamplingParams
 
@@ -107,15 +106,8 @@ def main() -> None:
     ap.add_argument("--json", default="bench/results/ttft_host.json")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
-    cfg = EngineConfig(
-        device=args.device,
-        dtype="bfloat16" if cuda else "float32",
-        max_num_seqs=256,
-        max_num_batched_tokens=8192,
-        max_model_len=8192,
-        kv_cache_memory_bytes=(10 << 30) if cuda else (1 << 30),
-        cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256),
-    )  # the TTFT section's engine in bench.engine_gpu_smollm
+    # the TTFT section's engine; on the CPU the smoke one, whose 512-token context takes short prompts
+    cfg = engine_config(args.device, smoke=not cuda)
     engine = LLMEngine.from_model(args.model, cfg)
     lengths = [int(x) for x in args.lengths.split(",")]
     results: dict[str, Any] = {
