@@ -127,6 +127,8 @@ class Decoder:
         self.cos, self.sin = ang.cos().contiguous(), ang.sin().contiguous()
         self.torch_argmax = False
         """Pick with ``torch.argmax`` instead of ``kernels.argmax`` (the baseline it replaced)."""
+        self.skip: frozenset[str] = frozenset()
+        """Kernels left out of the step (``"norm"``, ``"rope"``): timing bounds of a fusion only, the ids are then meaningless."""
 
     def linear_bytes(self) -> int:
         """Bytes of all linear weights (the LM head included): what one decode step must read."""
@@ -145,18 +147,20 @@ class Decoder:
         q_size, kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
         x = F.embedding(st.ids, self.embed)  # (b, C)
         res: torch.Tensor | None = None
+        norm = "norm" not in self.skip
         for layer, (kc, vc) in zip(self.layers, st.kv, strict=True):
-            h, res = rms_norm_residual(x, res, layer.attn_norm, s.eps)
+            h, res = rms_norm_residual(x, res, layer.attn_norm, s.eps) if norm else (x, x)
             qkv = layer.qkv(h)  # (b, (nh + 2 nkv) hd)
             qv = qkv[:, :q_size].view(b, s.heads, s.head_dim)
             kv_k = qkv[:, q_size : q_size + kv_size].view(b, s.kv_heads, s.head_dim)
             kv_v = qkv[:, q_size + kv_size :].view(b, s.kv_heads, s.head_dim)
-            rope_write_kv(qv, kv_k, kv_v, st.positions, self.cos, self.sin, kc, vc, st.slots)
+            if "rope" not in self.skip:
+                rope_write_kv(qv, kv_k, kv_v, st.positions, self.cos, self.sin, kc, vc, st.slots)
             o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5)  # (b, nh, hd)
             x = layer.o(o.view(b, q_size))
-            h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps)
+            h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps) if norm else (x, x)
             x = layer.down(layer.gate_up(h), gated=True)  # int8 / int4 apply SiLU-and-mul as they load
-        h, _ = rms_norm_residual(x, res, self.norm, s.eps)
+        h = rms_norm_residual(x, res, self.norm, s.eps)[0] if norm else x
         logits = self.lm_head(h)  # (b, V)
         if self.torch_argmax:
             st.ids.copy_(logits.argmax(-1))

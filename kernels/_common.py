@@ -138,8 +138,9 @@ def pdl_args(t: torch.Tensor) -> dict[str, bool]:
     the stream is still running; it waits in ``pdl_enter`` until that kernel has finished and its
     writes are visible. What it saves is the launch latency between two kernels (a few
     microseconds), which is most of the time of the small kernels of a batch-1 decode step. Every
-    kernel launched with these arguments must call ``pdl_enter(PDL)`` before it writes memory or
-    reads anything an earlier kernel writes; weights (and norm weights, scales) may load before it.
+    kernel launched with these arguments must call ``pdl_enter(PDL)`` (or ``pdl_enter_after_wait``)
+    before it writes memory or reads anything a kernel of the step writes; weights (and norm
+    weights, scales) may load before it.
     """
     if _PDL["enabled"] and t.is_cuda and not _INTERPRET and _cc_major(t.device.index or 0) >= 9:
         return {"PDL": True, "launch_pdl": True}
@@ -185,13 +186,34 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def pdl_enter(PDL: tl.constexpr):  # type: ignore[no-untyped-def]
-        """Wait for the previous kernel, then let the next one launch (a kernel launched with ``pdl_args``).
+        """Let the next kernel launch, then wait for the previous one (a kernel launched with ``pdl_args``).
 
         NOTE(h7): the wait comes before any store and any load of what an earlier kernel writes, so
-        neither a read of the previous kernel's output nor a write over its input can race it (loads
-        of weights may come first and overlap that kernel's tail). Letting dependents launch at once
-        is safe for the same reason (they wait in turn) and lets their programs be placed as soon as
-        this kernel's last programs are.
+        neither a read of an earlier kernel's output nor a write over its input can race it. Letting
+        dependents launch first means a kernel may start as soon as the one before it has started,
+        so a chain of such kernels runs ahead of the work it waits on, its programs placed and their
+        weight loads in flight while earlier kernels still run: loads before the wait may read only
+        what no kernel of the chain writes (weights, scales, norm weights; what the host staged and
+        earlier steps wrote). Completion is still in order: a wait returns once the kernel before has
+        finished, and that kernel finished only after its own wait returned. On the H100 (SmolLM2's
+        shape at batch 1, ``bench.engine_gpu --no-tune``, alternated, 2026-11-26): bf16 1,696-1,697 ->
+        1,999-2,000 tok/s, int8 1,947-1,953 -> 2,095, int4 1,870-1,871 -> 1,928-1,933; the 8B
+        shape's bf16 189.0-189.1 -> 192.3, its int8 317.8-318.4 -> 318.6.
+        The quantized GEMVs keep the other order (``pdl_enter_after_wait``).
+        """
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def pdl_enter_after_wait(PDL: tl.constexpr):  # type: ignore[no-untyped-def]
+        """``pdl_enter`` with the wait first: the next kernel launches once this one has passed its wait.
+
+        NOTE(h7): the quantized kernels' GEMV path (``kernels.quant_matmul``). Launching their
+        dependents first took SmolLM2's shape at batch 1 on the H100 from 2,095 to 1,679-1,687 tok/s
+        in int8 and from 1,928-1,933 to 1,623-1,630 in int4 (alternated, 2026-11-26; why is not
+        known); their
+        tiled path measured the same either way and keeps this order too, one rule for the file.
         """
         if PDL:
             tl.extra.cuda.gdc_wait()

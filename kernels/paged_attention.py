@@ -93,9 +93,9 @@ if triton is not None:
         dmask = d < HD
         heads = kvh * G + g  # (BLOCK_G,) query heads of this group
         # NOTE(h7): the kernel this one waits for (rope_write_kv) writes q and each row's newest key;
-        # lengths, block tables and older keys come from kernels before it, all finished once this one
-        # starts (a PDL launch waits for its predecessor to pass its own wait). So they load before the
-        # wait, their round trips to memory overlapping the rotary kernel.
+        # lengths and block tables are staged by the host and older keys were written by earlier steps,
+        # so no kernel of this step writes them (``kernels._common.pdl_enter``). They load before the
+        # wait, their round trips to memory overlapping the kernels still running.
         seq_len = tl.load(lens_ptr + b)
         # this program's keys: one of S equal runs of whole tiles of this context (so a captured graph
         # splits a short context as finely as a long one, and no program walks it alone)
