@@ -2,8 +2,10 @@
 # A/B a kernel change on the GPU machine: for each variant named, copy the kernel files it holds
 # into kernels/ and run bench.engine_gpu with the given arguments, one process a variant, in the
 # order given (alternate them: old new old new). Each run's JSON goes to $OUT/ab_<i>_<variant>.json.
+# AB_BENCH names another bench module taking --json (the engine's: bench.engine_gpu_smollm).
 #
 #   AB_DIR=.dev3 bench/ab_kernels.sh "--modes int8 --batches 1" old new old new
+#   AB_BENCH=bench.engine_gpu_smollm bench/ab_kernels.sh "--only batch1,ttft" old new old new
 #
 # $AB_DIR/<variant>/ holds that variant's copies of the changed files of kernels/ (git-ignored
 # there, e.g. `git show HEAD~1:kernels/quant_matmul.py > .dev3/old/quant_matmul.py`). The last
@@ -12,11 +14,12 @@ set -euo pipefail
 args=$1
 shift
 dir=${AB_DIR:-.dev3}
+bench=${AB_BENCH:-bench.engine_gpu --random-weights}
 i=0
 for v in "$@"; do
   i=$((i + 1))
   cp "$dir/$v"/*.py kernels/
   echo "=== $i $v $(date +%T)"
   # shellcheck disable=SC2086 # the bench's arguments are meant to split
-  python3 -m bench.engine_gpu --random-weights $args --json "$OUT/ab_${i}_$v.json" 2>&1 | grep -v '^  tuned'
+  python3 -m $bench $args --json "$OUT/ab_${i}_$v.json" 2>&1 | grep -v '^  tuned'
 done
