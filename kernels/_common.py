@@ -198,8 +198,8 @@ if triton is not None:
         finished, and that kernel finished only after its own wait returned. On the H100 (SmolLM2's
         shape at batch 1, ``bench.engine_gpu --no-tune``, alternated, 2026-11-26): bf16 1,696-1,697 ->
         1,999-2,000 tok/s, int8 1,947-1,953 -> 2,095, int4 1,870-1,871 -> 1,928-1,933; the 8B
-        shape's bf16 189.0-189.1 -> 192.3, its int8 317.8-318.4 -> 318.6.
-        The quantized GEMVs keep the other order (``pdl_enter_after_wait``).
+        shape's bf16 189.0-189.1 -> 192.3, its int8 317.8-318.4 -> 318.6 (the quantized matmuls
+        themselves still waiting first there). The int4 matmul keeps that order (``pdl_enter_after_wait``).
         """
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
@@ -209,11 +209,13 @@ if triton is not None:
     def pdl_enter_after_wait(PDL: tl.constexpr):  # type: ignore[no-untyped-def]
         """``pdl_enter`` with the wait first: the next kernel launches once this one has passed its wait.
 
-        NOTE(h7): the quantized kernels' GEMV path (``kernels.quant_matmul``). Launching their
-        dependents first took SmolLM2's shape at batch 1 on the H100 from 2,095 to 1,679-1,687 tok/s
-        in int8 and from 1,928-1,933 to 1,623-1,630 in int4 (alternated, 2026-11-26; why is not
-        known); their
-        tiled path measured the same either way and keeps this order too, one rule for the file.
+        NOTE(h7): the int4 matmul (``kernels.quant_matmul``). With the tiles tuned for this order,
+        launching the quantized GEMVs' dependents first took SmolLM2's shape at batch 1 on the H100
+        from 2,095 to 1,679-1,687 tok/s in int8 and from 1,928-1,933 to 1,623-1,630 in int4
+        (alternated, 2026-11-26), the qkv projection most of it (int8 2,077-2,083 -> 1,853-1,859
+        alone). Retuned for launching first, int8 took wider tiles with K split and gained instead
+        (2,097-2,099 -> 2,359-2,365 with the new defaults), so it uses ``pdl_enter``; int4 was not
+        retuned, and keeps this order on both paths.
         """
         if PDL:
             tl.extra.cuda.gdc_wait()

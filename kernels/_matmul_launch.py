@@ -120,6 +120,15 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             # below took 38.8 us (each program recomputes the activation over its K range, so more
             # rows a program share it); one split, where the rule below would split its 512 tiles in two
             bn, bk, warps, prefetch, split = 8, 1024, 4, True, 1
+        elif kind in ("int8", "int8g") and k_iter_cols <= 2048:
+            # NOTE(h7): SmolLM2's int8 shapes (K 576 and 1,536) on the H100 at batch 1, tuned with the
+            # kernel launching its dependents first (kernels._common.pdl_enter): wider tiles, K split
+            # in two or four; qkv 16 x 1,024 split 4 over 8 warps, o 8 x 1,024 split 4 over 4, gate_up
+            # 16 x 1,024 split 2 over 8, down 8 x 2,048 split 2 over 8 (2026-11-26)
+            bn = 16 if n >= 960 and k_iter_cols <= 1024 else 8
+            bk = 2048 if k_iter_cols > 1024 else 1024
+            warps, prefetch = (8 if bn == 16 or bk == 2048 else 4), True
+            split = 4 if n < 1024 and k_iter_cols <= 1024 else 2
         elif kind in ("int8", "int8g"):
             # NOTE(h7): the byte-permute GEMV over the 8B shapes: 2 rows x 1,024 columns over 2 warps
             # was the fastest for o and gate_up and within 4 % of the fastest for the LM head; for qkv

@@ -29,7 +29,7 @@ from kernels.activation import silu_and_mul
 __all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
 
 if triton is not None:
-    from kernels._common import pdl_enter_after_wait
+    from kernels._common import pdl_enter, pdl_enter_after_wait
     from kernels._matmul_launch import _load_x, _store_tile
 
     @triton.jit
@@ -140,7 +140,7 @@ if triton is not None:
             if PREFETCH:  # see _dense_gemv_kernel
                 rk = k_lo + tl.arange(0, BLOCK_K)
                 w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
-            pdl_enter_after_wait(PDL)
+            pdl_enter(PDL)
             if PREFETCH:
                 acc2 = _int8_gemv_step(acc2, w, k_lo, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
             k_first = k_lo + BLOCK_K * PREFETCH
@@ -150,7 +150,7 @@ if triton is not None:
                 acc2 = _int8_gemv_step(acc2, w, k0, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
-            pdl_enter_after_wait(PDL)
+            pdl_enter(PDL)
             acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
             for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
