@@ -100,6 +100,10 @@ def cases() -> list[Case]:
         out.append(
             Case(f"int8 tiled G={g}", quant_matmul._int8_kernel, {**tiled, **tile, "G": g, "GATED": True}, w8, warps)
         )
+    for small_n, small_k, gated in ((960, 576, False), (576, 1536, True)):  # SmolLM2's int8 qkv and down
+        tile, warps, prefetch = _default("int8", 1, small_n, small_k, 0)
+        c = {**gemv, **tile, "G": 0, "GATED": gated, "PREFETCH": prefetch}
+        out.append(Case(f"int8 gemv {small_n}x{small_k}", quant_matmul._int8_kernel, c, {**mm, "w_ptr": "*i8"}, warps))
     w4 = {**mm, "w_ptr": "*u8"}
     tile, warps, _ = _default("int4", 1, n, k // 2, 128)
     for exact, prefetch in ((False, False), (True, False), (False, True)):  # int4 leaves the prefetch to tuning
