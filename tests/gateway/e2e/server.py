@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import uvicorn
 from gateway.api.app import create_app
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from pathlib import Path
 
     from gateway.settings import Settings
@@ -69,18 +70,64 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], seconds: float = 30) -> 
     raise AssertionError("crossway serve did not become ready")
 
 
+_STDERR: dict[int, Path] = {}
+"""Each `crossway serve` process's stderr file, by pid (read by ``stop_processes`` when one hangs)."""
+
+
 def serve_process(cwd: Path, env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `crossway serve` in ``cwd`` with ``env`` on a free port; return it, ready, and its URL."""
+    """Start `crossway serve` in ``cwd`` with ``env`` on a free port; return it, ready, and its URL.
+
+    Its stderr goes to a file in ``cwd``, and Python's faulthandler is on, so that a process which
+    hangs can be made to print every thread's stack (``stop_processes``).
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    proc = subprocess.Popen(  # noqa: S603 - our own console script, fixed arguments
-        [sys.executable, "-c", "from gateway.cli import main; raise SystemExit(main())", "serve", "--port", str(port)],
-        cwd=cwd,
-        env=dict(env),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    stderr = cwd / f"crossway-serve-{port}.stderr"
+    with stderr.open("wb") as err:
+        proc = subprocess.Popen(  # noqa: S603 - our own console script, fixed arguments
+            [
+                sys.executable,
+                "-X",
+                "faulthandler",
+                "-c",
+                "from gateway.cli import main; raise SystemExit(main())",
+                "serve",
+                "--port",
+                str(port),
+            ],
+            cwd=cwd,
+            env=dict(env),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    _STDERR[proc.pid] = stderr
     url = f"http://127.0.0.1:{port}"
     wait_ready(url, proc)
     return proc, url
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[bytes]], seconds: float = 20) -> dict[int, str]:
+    """SIGINT `crossway serve` processes together and reap them; empty once all stopped within ``seconds``.
+
+    One that does not stop gets SIGABRT, on which faulthandler prints every thread's stack, then
+    SIGKILL if it still lives; the result maps its pid to the end of its stderr, stacks included.
+    """
+    for proc in procs:
+        proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + seconds
+    hung: dict[int, str] = {}
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            continue
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        path = _STDERR.get(proc.pid)
+        hung[proc.pid] = path.read_text(errors="replace")[-6000:] if path is not None else "(no stderr file)"
+    return hung

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
-import subprocess
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -23,9 +21,10 @@ import openai
 import pytest
 
 from tests.gateway.e2e.conftest import ADMIN_KEY, PROVIDER_KEYS
-from tests.gateway.e2e.server import serve_process
+from tests.gateway.e2e.server import serve_process, stop_processes
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Iterator
     from pathlib import Path
 
@@ -107,19 +106,11 @@ def _two_replicas(tmp_path: Path, database_url: str, policy: Path) -> Iterator[t
     finally:
         for client in clients:
             client.close()
-        for proc in procs:
-            proc.send_signal(signal.SIGINT)
-        slow = []
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                # killed and reaped here, so a replica that hangs fails this test only: left running,
-                # its Popen's finaliser warned in whichever test came next (seen once, 2026-11-26)
-                proc.kill()
-                proc.wait()
-                slow.append(proc.pid)
-        assert not slow, f"gateway replicas {slow} did not stop within 20 s of SIGINT"
+        # a replica that hangs is made to print its threads' stacks, then killed and reaped, so it
+        # fails this test only (seen once, 2026-11-26: left running, its Popen's finaliser warned in
+        # whichever test came next)
+        hung = stop_processes(procs)
+        assert not hung, f"gateway replicas did not stop within 20 s of SIGINT; their stderr ends: {hung}"
 
 
 def test_policy_edit_on_one_replica_takes_effect_on_the_other(
