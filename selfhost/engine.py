@@ -239,9 +239,12 @@ class LLMEngine:
         now = time.perf_counter()
         self.metrics.on_step(launched.batch, len(live), now - max(launched.started, self._finished_at))
         self._finished_at = now
-        requests = [sampling[i] for i in live]
-        token_ids = [sampled.token_ids[i] for i in live]
-        outputs = self.outputs.process_step(requests, token_ids, [sampled.logprobs[i] for i in live])
+        requests, token_ids, logprobs = sampling, sampled.token_ids, sampled.logprobs
+        if len(live) < len(sampling):
+            requests = [sampling[i] for i in live]
+            token_ids = [token_ids[i] for i in live]
+            logprobs = [logprobs[i] for i in live]
+        outputs = self.outputs.process_step(requests, token_ids, logprobs)
         for request, out in zip(requests, outputs, strict=True):
             if request.num_output_tokens == 1:
                 self.metrics.on_first_token(request)

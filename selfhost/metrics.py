@@ -101,11 +101,14 @@ class EngineMetrics:
         while self._recent and now - self._recent[0][0] > _RATE_WINDOW_S:
             self._recent.popleft()
         self.generation_tokens_total += num_sampled
-        rows = list(zip(batch.requests, batch.starts, batch.num_new_tokens, strict=True))
-        self.prompt_tokens_total += sum(max(0, min(s + n, r.num_prompt_tokens) - s) for r, s, n in rows)
-        context = sum(s + n for _, s, n in rows)  # keys attended to
+        starts, counts = batch.starts, batch.num_new_tokens
+        self.prompt_tokens_total += sum(
+            max(0, min(s + n, r.num_prompt_tokens) - s) for r, s, n in zip(batch.requests, starts, counts, strict=True)
+        )
+        context = sum(starts) + tokens  # keys attended to
         moved = self.param_bytes + context * self.kv_bytes_per_token
-        attended = sum(n * (s + n) for _, s, n in rows)  # query x key pairs (upper bound: causal)
+        # query x key pairs (upper bound: causal); a step of one-token rows attends its context once
+        attended = context if tokens == len(counts) else sum(n * (s + n) for s, n in zip(starts, counts, strict=True))
         flops = tokens * self.linear_flops_per_token + attended * self.attn_flops_per_ctx_token
         if seconds > 0:
             self.last_step_mbu = moved / seconds / self.engine_cfg.peak_memory_bandwidth

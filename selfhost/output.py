@@ -46,6 +46,7 @@ class _TextState:
     stream: TextStream | None
     """None without a tokenizer (token ids only)."""
     text: str = ""
+    """The text so far, kept only for a request with stop strings (searched and held back)."""
     emitted: int = 0
 
 
@@ -87,19 +88,23 @@ class OutputProcessor:
             reason = request.status.finish_reason
             finished = reason is not None
             # EOS or a stop token id ended it ("stop" already): that token has no text
-            if reason != "stop" and state.stream is not None:
-                delta = state.stream.step(token_id)
-                searched_from = max(0, len(state.text) - max(len(s) for s in stops) + 1) if stops else 0
-                state.text += delta
-                hit = _find_stop(state.text, stops, searched_from) if stops else None
-                if hit is not None:
-                    state.text = state.text[: hit[0]]
-                    request.stop_reason = hit[1]
-                    finished, reason = True, "stop"
-            hold = 0 if finished or not stops else max(len(s) - 1 for s in stops)
-            release_to = max(state.emitted, len(state.text) - hold)
-            text = state.text[state.emitted : release_to]
-            state.emitted = release_to
+            if not stops:
+                # nothing to search or hold back: the delta is released as it comes, unkept
+                text = state.stream.step(token_id) if reason != "stop" and state.stream is not None else ""
+            else:
+                if reason != "stop" and state.stream is not None:
+                    delta = state.stream.step(token_id)
+                    searched_from = max(0, len(state.text) - max(len(s) for s in stops) + 1)
+                    state.text += delta
+                    hit = _find_stop(state.text, stops, searched_from)
+                    if hit is not None:
+                        state.text = state.text[: hit[0]]
+                        request.stop_reason = hit[1]
+                        finished, reason = True, "stop"
+                hold = 0 if finished else max(len(s) - 1 for s in stops)
+                release_to = max(state.emitted, len(state.text) - hold)
+                text = state.text[state.emitted : release_to]
+                state.emitted = release_to
             if finished:
                 self.remove(request.request_id)
             outputs.append(

@@ -235,22 +235,33 @@ class ModelRunner:
         slots: list[int] = []
         tables: list[list[int]] = []
         rows: list[int] = []
+        last_rows = self._last_rows
         for request, start, num_new, samples in zip(
             batch.requests, batch.starts, batch.num_new_tokens, batch.samples, strict=True
         ):
             table = kv.block_ids(request.request_id)
-            end = start + num_new
-            tokens, source = self._source(request, start, end)
-            ids.extend(tokens)
-            positions.extend(range(start, end))
-            if num_new > 1:
-                sources.extend([-1] * (num_new - 1))
-            sources.append(source)  # only the last token can be pending
-            if request.num_kv_tokens > start:
-                slots.extend(_cached_slots(table, start, end, bs, request.num_kv_tokens))
+            known = len(request.all_token_ids)
+            if num_new == 1 and request.num_kv_tokens <= start <= known:
+                # NOTE(h7): a decode row, the bulk of every step: ``_source`` and the slot rule spelled
+                # out, since this loop runs for every running request while the device waits on it
+                ids.append(request.all_token_ids[start] if start < known else 0)
+                sources.append(-1 if start < known else last_rows[request.request_id])
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+                tables.append(table)
             else:
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            tables.extend([table] * num_new)
+                end = start + num_new
+                tokens, source = self._source(request, start, end)
+                ids.extend(tokens)
+                positions.extend(range(start, end))
+                if num_new > 1:
+                    sources.extend([-1] * (num_new - 1))
+                sources.append(source)  # only the last token can be pending
+                if request.num_kv_tokens > start:
+                    slots.extend(_cached_slots(table, start, end, bs, request.num_kv_tokens))
+                else:
+                    slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                tables.extend([table] * num_new)
             if samples:
                 rows.append(len(ids) - 1)
         logits = graphs.run(ids, positions, slots, tables, sources)  # (n, V), valid until the next replay

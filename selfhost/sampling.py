@@ -103,14 +103,21 @@ class PendingSample:
         # it would run under Triton's interpreter wherever a test session turned that on)
         self.picked = argmax(logits, pdl=False) if logits.is_cuda else logits.argmax(dim=-1)
         """(B,) the picks on the device; seeded rows hold the argmax until ``resolve``."""
-        batched = [i for i, req in enumerate(requests) if not req.params.greedy and req.generator is None]
+        batched: list[int] = []
+        self.seeded: list[int] = []
+        """Rows sampled on the host by ``resolve``: their device picks are not the tokens."""
+        self._wanted: list[int] = []
+        # one pass over the requests: it runs for every running request each step, on the engine thread
+        for i, req in enumerate(requests):
+            params = req.params
+            if not params.greedy:
+                (batched if req.generator is None else self.seeded).append(i)
+            if params.logprobs is not None:
+                self._wanted.append(i)
         if batched:
             rows = upload(batched, torch.long, logits.device)
             self.picked[rows] = _sample_rows(logits[rows], [requests[i].params for i in batched])
-        self.seeded = [i for i, req in enumerate(requests) if not req.params.greedy and req.generator is not None]
-        """Rows sampled on the host by ``resolve``: their device picks are not the tokens."""
         self._seeded_logits = logits[self.seeded] if self.seeded else None  # (R, V), a copy
-        self._wanted = [i for i, req in enumerate(requests) if req.params.logprobs is not None]
         self._logp = torch.log_softmax(logits[self._wanted], dim=-1) if self._wanted else None  # (W, V)
         self._host = self.picked.to("cpu", non_blocking=True)  # pinned: the copy runs behind the step
         self._done: torch.cuda.Event | None = None
