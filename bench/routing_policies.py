@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gateway.inflight import INTERVAL_S
-from gateway.router import DEFERRABLE_KV_RESERVE, Router, Workload, engine_price
+from gateway.router import Router, Workload, engine_price
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -116,14 +116,15 @@ def fastest(sim: Simulation) -> Static:
     return Static(sim, "always-fastest", sorted(sim.deployments, key=lambda k: _nominal(sim, sim.deployments[k])[1]))
 
 
-def kept_for_latency(sim: Simulation, key: str, i: int) -> bool:
-    """Whether the engine behind ``key`` is too full for request ``i`` of a deadline-only class.
+def kept_for_others(sim: Simulation, key: str, i: int) -> bool:
+    """Whether the engine behind ``key`` is too full for request ``i``: its free KV share is below the reserve
+    that request ``i``'s class leaves to the tighter classes.
 
-    The router's rule (``gateway.router.DEFERRABLE_KV_RESERVE``), applied with the engine's true load.
+    The router's rule (``SloClass.engine_reserve``), applied with the engine's true load.
     """
-    if sim.deployments[key].engine is None or sim.slo(i).ttft_p95_ms is not None or sim.slo(i).tpot_p95_ms is not None:
+    if sim.deployments[key].engine is None:
         return False
-    return sim.engine_load(key).kv_free < DEFERRABLE_KV_RESERVE
+    return sim.engine_load(key).kv_free < sim.slo(i).engine_reserve
 
 
 class Oracle(SimPolicy):
@@ -133,7 +134,7 @@ class Oracle(SimPolicy):
     attempt fails, only each deployment's true error rate now, and passes over one whose rate is
     above ``max_error``; a failed attempt falls over to the next, as the router's do.
 
-    It keeps the engine's last slots for latency classes as the router does (``kept_for_latency``):
+    It keeps the engine's last slots for the tighter classes as the router does (``kept_for_others``):
     filling them with batch work, a greedy chooser, however clairvoyant, sends later interactive
     requests to dearer APIs. ``greedy=True`` is the oracle without that rule (``oracle-greedy``).
     """
@@ -164,7 +165,7 @@ class Oracle(SimPolicy):
                 if dep.incident(sim.now)[0] > self.max_error:
                     attempt = replace(attempt, ok=False)
             meets = attempt.ok and sim.meets(i, attempt.ttft, attempt.tpot, attempt.seconds)
-            meets = meets and (self.greedy or not kept_for_latency(sim, key, i))
+            meets = meets and (self.greedy or not kept_for_others(sim, key, i))
             options.append((not meets, self.cost(sim, key, i, attempt.tpot), key))
         return [key for *_, key in sorted(options)]
 
@@ -185,7 +186,7 @@ class OracleP95(SimPolicy):
     """Knows each deployment's true latency distribution and error rate now, not the request's own draw.
 
     It applies the router's rule with perfect statistics: the cheapest deployment whose true p95s meet
-    the SLO and whose error rate is at most a half (and the engine's reserve for latency classes, as
+    the SLO and whose error rate is at most a half (and the engine's reserves for tighter classes, as
     ``Oracle``), else the one with the lowest p95 TTFT. The gap from
     ``crossway`` to it is what learning from samples costs; the gap from it to ``oracle`` is what
     judging by p95 instead of by each request's luck costs.
@@ -204,7 +205,7 @@ class OracleP95(SimPolicy):
             ttft, tpot = sim.latency(key, i, Z95, Z95)
             _, tpot_mid = sim.latency(key, i, 0.0, 0.0)
             meets = error_rate <= 0.5 and sim.meets(i, ttft, tpot, ttft + tpot * out)
-            meets = meets and not kept_for_latency(sim, key, i)
+            meets = meets and not kept_for_others(sim, key, i)
             options.append((not meets, Oracle.cost(sim, key, i, tpot_mid) if meets else ttft, key))
         return [key for *_, key in sorted(options)]
 

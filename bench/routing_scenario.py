@@ -29,10 +29,10 @@ models:
       - {provider: premium, model: llama, price: {input: 3.0, output: 9.0}, max_concurrency: 64}
 slo_classes:
   interactive: {ttft_p95_ms: 800, tpot_p95_ms: 60}
-  standard: {ttft_p95_ms: 2500, tpot_p95_ms: 100}
-  batch: {deadline_s: 86400}
+  standard: {ttft_p95_ms: 2500, tpot_p95_ms: 100, engine_reserve: 0.2}
+  batch: {deadline_s: 86400, engine_reserve: 0.45}
 default_slo_class: standard
-routing: {explore_share: 0.02, breaker_failures: 5, breaker_cooldown_s: 30}
+routing: {explore_share: 0.01, breaker_failures: 5, breaker_cooldown_s: 30}
 """
 
 

@@ -33,7 +33,7 @@ import json
 import math
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,8 @@ from gateway.policy import parse_policy
 from gateway.stats import EngineLoad
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from bench.routing_policies import SimPolicy
     from gateway.policy import Policy, SloClass
 
@@ -263,10 +265,23 @@ def summarize(trace: Trace, tally: Tally, span_s: float) -> dict[str, Any]:
 
 
 def simulate(
-    seed: int = 7, hours: float = 24.0, peak_rps: float = 3.0, policies: tuple[str, ...] = POLICIES
+    seed: int = 7,
+    hours: float = 24.0,
+    peak_rps: float = 3.0,
+    policies: tuple[str, ...] = POLICIES,
+    reserves: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Run every policy over one trace; the results, keyed by policy name, with the run's settings."""
+    """Run every policy over one trace; the results, keyed by policy name, with the run's settings.
+
+    ``reserves`` overrides SLO classes' ``engine_reserve`` in the scenario's policy (for every policy
+    run, the oracles' rule included).
+    """
     policy = parse_policy(POLICY_YAML, {}, source="bench/routing_sim.py")
+    if reserves:
+        classes = {
+            k: replace(c, engine_reserve=reserves.get(k, c.engine_reserve)) for k, c in policy.slo_classes.items()
+        }
+        policy = replace(policy, slo_classes=classes)
     trace = make_trace(seed, hours, peak_rps, len(SCENARIO))
     results: dict[str, Any] = {}
     for name in policies:
@@ -319,9 +334,16 @@ def main(argv: list[str] | None = None) -> None:
         default=",".join(POLICIES),
         help="comma list; crossway-xN is Crossway on N gateway replicas, crossway-xN-shared with their in-flight counts shared as through Redis (default: the seven of the table)",
     )
+    parser.add_argument(
+        "--reserve",
+        default="",
+        help="SLO classes' engine_reserve overriding the scenario policy's, e.g. standard=0.1,batch=0.35",
+    )
     args = parser.parse_args(argv)
+    reserves = {k: float(v) for k, v in (item.split("=") for item in args.reserve.split(",") if item)}
     began = time.perf_counter()
-    run = simulate(args.seed, args.hours, args.peak_rps, tuple(args.policies.split(",")))
+    run = simulate(args.seed, args.hours, args.peak_rps, tuple(args.policies.split(",")), reserves)
+    run["reserves"] = reserves
     run["wall_s"] = time.perf_counter() - began
     run["date"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     run["machine"] = {"python": platform.python_version(), "platform": platform.platform()}

@@ -106,6 +106,8 @@ class SloClass:
     tpot_p95_ms: float | None = None
     deadline_s: float | None = None
     service_tiers: tuple[str, ...] = ()
+    engine_reserve: float = 0.0
+    """Share of an engine's KV cache this class leaves to the others (see ``SloSpec.engine_reserve``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,8 +401,20 @@ def _target(spec: TargetSpec) -> Target:
     )
 
 
+DEFERRABLE_ENGINE_RESERVE = 0.35
+"""A deadline-only class's ``engine_reserve`` unless the policy sets one.
+
+NOTE(hsim): filled with batch work at peak, the engine sent interactive requests to an API at twice
+the budget API's discounted batch price (bench/routing_sim.py: goodput/$ +15 %; 0.2, 0.35 and 0.5
+were tried, 0.35 and 0.5 within 0.5 % of each other)."""
+
+
 def _slo_class(name: str, spec: SloSpec) -> SloClass:
-    return SloClass(name, spec.ttft_p95_ms, spec.tpot_p95_ms, spec.deadline_s, tuple(spec.service_tiers))
+    reserve = spec.engine_reserve
+    if reserve is None:
+        deadline_only = spec.ttft_p95_ms is None and spec.tpot_p95_ms is None
+        reserve = DEFERRABLE_ENGINE_RESERVE if deadline_only else 0.0
+    return SloClass(name, spec.ttft_p95_ms, spec.tpot_p95_ms, spec.deadline_s, tuple(spec.service_tiers), reserve)
 
 
 def _check_slo_name(name: str | None, classes: Mapping[str, SloClass], path: str, source: str) -> None:

@@ -83,6 +83,10 @@ class SloSpec(msgspec.Struct, forbid_unknown_fields=True):
     """Batch classes: the whole answer is due within this many seconds."""
     service_tiers: list[str] = msgspec.field(default_factory=list)
     """OpenAI ``service_tier`` values that select this class when no header names one."""
+    engine_reserve: Annotated[float, msgspec.Meta(ge=0, lt=1)] | None = None
+    """Share of a self-hosted engine's KV cache that this class's requests leave to the other
+    classes: below it free, they go to the cheapest other deployment that qualifies. Default: 0.35
+    for a deadline-only class, 0 for a class with a latency objective."""
     description: str | None = None
 
 

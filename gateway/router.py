@@ -4,9 +4,9 @@
 draws: it predicts each candidate's TTFT and TPOT (p95 of recent samples, or an optimistic prior
 while a deployment has too few), drops those that would miss the request's SLO class or cannot take
 it (breaker open, at its concurrency cap), and picks the cheapest of the rest. When none qualifies it
-picks the one most likely to meet the SLO. A request of a deadline-only class (``batch``) leaves a
-filling engine's last KV share (``DEFERRABLE_KV_RESERVE``) to the latency classes, whose alternatives
-cost more. A small share of requests explores another usable candidate so that statistics stay
+picks the one most likely to meet the SLO. A request leaves a filling engine's last KV share (its
+class's ``engine_reserve``: by default a deadline-only class's) to the tighter classes, whose
+alternatives cost more. A small share of requests explores another usable candidate so that statistics stay
 fresh, dearer candidates less often in proportion to their price. Prompts sharing a prefix go to
 the same self-hosted replica while it has headroom (rendezvous hashing over the replicas that
 qualify).
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from gateway.breaker import State
-    from gateway.policy import Plan, ProviderConfig, RoutingOptions, SloClass, Target
+    from gateway.policy import Plan, ProviderConfig, RoutingOptions, Target
     from gateway.stats import EngineLoad
 
 MIN_SAMPLES = 5
@@ -42,12 +42,6 @@ AFFINITY_HEADROOM = 0.8
 """A replica keeps its prefix's traffic until it is this full (in flight / concurrency cap)."""
 KV_RESERVE = 0.05
 """An engine with less KV cache free than this would queue a new request rather than start it."""
-DEFERRABLE_KV_RESERVE = 0.35
-"""A request with a deadline but no latency objective leaves an engine this share of its KV cache.
-
-NOTE(hsim): filled with batch work at peak, the engine sent interactive requests to an API at twice
-the budget API's discounted batch price (bench/routing_sim.py: goodput/$ +15 %; 0.2, 0.35 and 0.5
-were tried, 0.35 and 0.5 within 0.5 % of each other)."""
 EXPLORE_FLOOR = 0.05
 """The least share of its exploration a dearer candidate keeps, however much dearer it is."""
 
@@ -166,18 +160,14 @@ def _judge(
         misses.append(f"would finish after the {slo.deadline_s:.0f} s deadline")
     if observed.engine is not None and observed.engine.kv_free < KV_RESERVE:
         misses.append(f"KV cache {observed.engine.kv_free:.0%} free")
-    elif observed.engine is not None and _deferrable(slo) and observed.engine.kv_free < DEFERRABLE_KV_RESERVE:
-        misses.append(f"KV cache {observed.engine.kv_free:.0%} free, kept for latency classes")
+    elif observed.engine is not None and observed.engine.kv_free < slo.engine_reserve:
+        misses.append(f"KV cache {observed.engine.kv_free:.0%} free, kept for tighter classes")
     if observed.error_rate > 0.5:
         misses.append(f"error rate {observed.error_rate:.0%}")
     qualified = usable and not misses
     if usable and misses:
         reason = "; ".join(misses)
     return Candidate(target, ttft, tpot, cost, p_meet, usable, qualified, reason)
-
-
-def _deferrable(slo: SloClass) -> bool:
-    return slo.ttft_p95_ms is None and slo.tpot_p95_ms is None
 
 
 def _rendezvous(prefix_key: str, target: Target) -> bytes:

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import UnknownModel
-from gateway.policy import PolicyError, Target, load_policy, parse_policy
+from gateway.policy import DEFERRABLE_ENGINE_RESERVE, PolicyError, Target, load_policy, parse_policy
 from gateway.settings import DEFAULT_POLICY
 
 POLICY = """
@@ -64,6 +64,8 @@ def test_provider_credentials_come_from_the_environment_snapshot():
         ("providers: {p: {kind: openai, colour: blue}}", "unknown field `colour`"),
         ("models: {a: {targets: []}}", "`$.models.a.targets` must name at least one target"),
         ("models: [1, 2", "not valid YAML"),
+        ("slo_classes: {standard: {ttft_p95_ms: 2500, engine_reserve: -0.1}}", "$.slo_classes.standard.engine_reserve"),
+        ("slo_classes: {batch: {deadline_s: 60, engine_reserve: 1.0}}", "$.slo_classes.batch.engine_reserve"),
     ],
 )
 def test_parse_policy_errors_name_the_file_and_key_path(text, fragment):
@@ -71,6 +73,19 @@ def test_parse_policy_errors_name_the_file_and_key_path(text, fragment):
         parse_policy(text, {}, source="policies/x.yaml")
     assert str(info.value).startswith("policies/x.yaml: ")
     assert fragment in str(info.value)
+
+
+def test_engine_reserve_defaults_to_deadline_only_classes_and_can_be_set_per_class():
+    text = (
+        "slo_classes:\n"
+        "  interactive: {ttft_p95_ms: 800, tpot_p95_ms: 60}\n"
+        "  standard: {ttft_p95_ms: 2500, tpot_p95_ms: 100, engine_reserve: 0.2}\n"
+        "  batch: {deadline_s: 86400}\n"
+        "  overnight: {deadline_s: 86400, engine_reserve: 0.5}\n"
+    )
+    classes = parse_policy(text, {}).slo_classes
+    reserves = {name: c.engine_reserve for name, c in classes.items()}
+    assert reserves == {"interactive": 0.0, "standard": 0.2, "batch": DEFERRABLE_ENGINE_RESERVE, "overnight": 0.5}
 
 
 def test_load_policy_reports_missing_file(tmp_path: Path):

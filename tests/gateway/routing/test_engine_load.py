@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from gateway.policy import Plan, Price, ProviderConfig, RoutingOptions, SloClass, Target
-from gateway.router import DEFERRABLE_KV_RESERVE, KV_RESERVE, Workload, route
+from gateway.policy import DEFERRABLE_ENGINE_RESERVE, Plan, Price, ProviderConfig, RoutingOptions, SloClass, Target
+from gateway.router import KV_RESERVE, Workload, route
 from gateway.stats import EngineLoad, Observed
 
 INTERACTIVE = SloClass("interactive", ttft_p95_ms=800, tpot_p95_ms=60)
@@ -21,8 +21,9 @@ FAST_ENGINE = Observed(0.1, 0.15, 0.005, 0.008, 0.0, 2, 50)
 FAST_API = Observed(0.3, 0.4, 0.02, 0.03, 0.0, 0, 50)
 
 
-BATCH = SloClass("batch", deadline_s=86400)
+BATCH = SloClass("batch", deadline_s=86400, engine_reserve=DEFERRABLE_ENGINE_RESERVE)
 STANDARD = SloClass("standard", ttft_p95_ms=2500, tpot_p95_ms=100)
+RESERVED_STANDARD = SloClass("standard", ttft_p95_ms=2500, tpot_p95_ms=100, engine_reserve=0.2)
 
 
 def _decide(engine: EngineLoad | None, slo: SloClass = INTERACTIVE):
@@ -54,18 +55,21 @@ def test_engine_with_its_kv_cache_nearly_full_is_not_qualified():
 @pytest.mark.parametrize(
     ("kv_free", "slo", "first"),
     [
-        (DEFERRABLE_KV_RESERVE, BATCH, "gpu/smollm2"),  # at the reserve: still free for batch work
-        (DEFERRABLE_KV_RESERVE - 0.01, BATCH, "api/gpt"),
+        (DEFERRABLE_ENGINE_RESERVE, BATCH, "gpu/smollm2"),  # at the reserve: still free for batch work
+        (DEFERRABLE_ENGINE_RESERVE - 0.01, BATCH, "api/gpt"),
         (0.1, BATCH, "api/gpt"),
-        (0.1, STANDARD, "gpu/smollm2"),  # classes with a latency objective may use the reserve
+        (0.1, STANDARD, "gpu/smollm2"),  # no reserve of its own: the class may use the others'
         (0.1, INTERACTIVE, "gpu/smollm2"),
+        (0.2, RESERVED_STANDARD, "gpu/smollm2"),
+        (0.19, RESERVED_STANDARD, "api/gpt"),  # a latency class with a reserve leaves the engine too
+        (0.19, INTERACTIVE, "gpu/smollm2"),
     ],
 )
-def test_engine_keeps_its_kv_reserve_for_latency_classes(kv_free, slo, first):
-    """A deadline-only request leaves a filling engine's last slots to requests that cannot wait."""
+def test_engine_keeps_each_class_reserve_for_the_tighter_classes(kv_free, slo, first):
+    """A request leaves a filling engine's last share, its class's ``engine_reserve``, to requests that need it more."""
     decision = _decide(EngineLoad(waiting=0, running=16, kv_free=kv_free), slo)
     assert [t.key for t in decision.order] == [first, *({"gpu/smollm2", "api/gpt"} - {first})]
     engine = next(c for c in decision.candidates if c.target == ENGINE)
     if first == "api/gpt":
         assert engine.usable and not engine.qualified
-        assert engine.reason == f"KV cache {kv_free:.0%} free, kept for latency classes"
+        assert engine.reason == f"KV cache {kv_free:.0%} free, kept for tighter classes"
