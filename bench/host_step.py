@@ -1,0 +1,122 @@
+"""The engine's host work per decode step, with the device's part taken out: what the engine thread costs at N running requests.
+
+On the GPU, a step of SmolLM2 at 256 running requests is device-bound in good windows (~2.7 ms of
+kernels), so timing it there cannot show how long the host's part takes. This runs the real
+``LLMEngine`` step (scheduler, KV manager, the decode graphs' input staging, sampling's setup, the
+update, the outputs with their detokenization) on the CPU, with three parts of the device's work
+replaced: the model returns no logits (``forward`` a stub), the decode graphs' replay does nothing
+(the host staging before it is real: ``DecodeGraphs.run`` over CPU tensors) and the picks are
+random ids drawn on the host. Everything else is the engine's own code, so the figure is the host
+cost per step that async scheduling must hide behind the device's step. It is a measurement tool:
+the engine's tests run the real model.
+
+    python -m bench.host_step --requests 256 --windows 5 --json /tmp/host_step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.engine_gpu_smollm import _add_workload, engine_config
+from selfhost import engine as engine_module
+from selfhost import sampling
+from selfhost.engine import LLMEngine
+from selfhost.graphs import DecodeGraphs, TableRows
+
+GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256)
+
+
+class _NoReplay:
+    def replay(self) -> None:
+        """The device's work: nothing here."""
+
+
+def _host_graphs(last_tokens: torch.Tensor, max_blocks: int) -> DecodeGraphs:
+    """A ``DecodeGraphs`` whose staging is the real one over CPU tensors and whose replays do nothing."""
+    graphs = DecodeGraphs.__new__(DecodeGraphs)
+    b = GRAPH_SIZES[-1]
+    graphs.sizes, graphs.max_batch, graphs.max_blocks = list(GRAPH_SIZES), b, max_blocks
+    graphs._host = [torch.zeros((5, b), dtype=torch.long) for _ in range(2)]
+    graphs._host_tables = [torch.zeros((b, max_blocks), dtype=torch.int32) for _ in range(2)]
+    graphs._table_rows = [TableRows(t.numpy()) for t in graphs._host_tables]
+    graphs._turn, graphs._last_tokens, graphs.num_replays = 0, last_tokens, 0
+    graphs._inputs = torch.zeros((5, b), dtype=torch.long)
+    graphs._tables = torch.zeros((b, max_blocks), dtype=torch.int32)
+    graphs._graphs = {s: _NoReplay() for s in GRAPH_SIZES}  # type: ignore[misc]
+    graphs._logits = {s: torch.zeros((s, 1)) for s in GRAPH_SIZES}
+    return graphs
+
+
+class _RandomPicks(sampling.PendingSample):
+    """Picks drawn on the host: the device's argmax taken out, the rest of the class (resolve) kept."""
+
+    rng = random.Random(0)
+
+    def __init__(self, logits: torch.Tensor, requests: Any) -> None:
+        self.requests = requests
+        self.picked = torch.tensor([self.rng.randrange(100, 49000) for _ in requests])
+        self.seeded, self._wanted, self._seeded_logits, self._logp = [], [], None, None
+        self._host, self._done = self.picked.clone(), None
+
+
+def measure(requests: int, windows: int, steps: int) -> dict[str, Any]:
+    """Prefill ``requests`` of the GPU bench's offline workload, then time ``windows`` windows of ``steps`` decode steps."""
+    torch.set_num_threads(1)  # the GPU host's copies are asynchronous: no intra-op threads in the figure
+    cfg = replace(engine_config("cpu", smoke=False), kv_cache_memory_bytes=12 << 30, async_scheduling=True)
+    engine = LLMEngine.from_model("smollm2", cfg)
+    runner = engine.runner
+    runner.model.forward = lambda ids, *_, **__: torch.zeros(len(ids), 1)  # type: ignore[method-assign]
+    runner.model.compute_logits = lambda hidden: hidden  # type: ignore[method-assign]
+    runner.graphs = _host_graphs(runner.last_tokens, (cfg.max_model_len or 8192) // cfg.block_size)
+    engine_module.PendingSample = _RandomPicks  # type: ignore[attr-defined]
+    _add_workload(engine, "host", requests, 100, 1024, seed=3)
+    while engine.scheduler.waiting or any(
+        r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
+    ):
+        engine.step()
+    out = []
+    for _ in range(windows):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            engine.step()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        out.append(
+            {
+                "ms_per_step": wall * 1e3 / steps,
+                "cpu_ms_per_step": cpu * 1e3 / steps,
+                "running": len(engine.scheduler.running),
+            }
+        )
+    return {
+        "requests": requests,
+        "steps": steps,
+        "windows": out,
+        "median_cpu_ms_per_step": statistics.median(w["cpu_ms_per_step"] for w in out),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--windows", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    result = measure(args.requests, args.windows, args.steps)
+    result["date"] = time.strftime("%Y-%m-%d %H:%M")
+    print(json.dumps(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
