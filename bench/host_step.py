@@ -68,10 +68,22 @@ class _RandomPicks(sampling.PendingSample):
         self._host, self._done = self.picked.clone(), None
 
 
-def measure(requests: int, windows: int, steps: int) -> dict[str, Any]:
-    """Prefill ``requests`` of the GPU bench's offline workload, then time ``windows`` windows of ``steps`` decode steps."""
+def measure(requests: int, windows: int, steps: int, kv_gib: int = 12) -> dict[str, Any]:
+    """Prefill ``requests`` of the GPU bench's offline workload, then time ``windows`` windows of ``steps`` decode steps.
+
+    ``kv_gib`` sizes the KV pool (fp32 on the CPU): 12 holds 256 requests without preemption.
+    """
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the GPU host's copies are asynchronous: no intra-op threads in the figure
-    cfg = replace(engine_config("cpu", smoke=False), kv_cache_memory_bytes=12 << 30, async_scheduling=True)
+    try:
+        return _measure(requests, windows, steps, kv_gib)
+    finally:
+        torch.set_num_threads(threads)
+        engine_module.PendingSample = sampling.PendingSample  # type: ignore[attr-defined]
+
+
+def _measure(requests: int, windows: int, steps: int, kv_gib: int) -> dict[str, Any]:
+    cfg = replace(engine_config("cpu", smoke=False), kv_cache_memory_bytes=kv_gib << 30, async_scheduling=True)
     engine = LLMEngine.from_model("smollm2", cfg)
     runner = engine.runner
     runner.model.forward = lambda ids, *_, **__: torch.zeros(len(ids), 1)  # type: ignore[method-assign]
@@ -100,6 +112,7 @@ def measure(requests: int, windows: int, steps: int) -> dict[str, Any]:
         "requests": requests,
         "steps": steps,
         "windows": out,
+        "replays": runner.graphs.num_replays,
         "median_cpu_ms_per_step": statistics.median(w["cpu_ms_per_step"] for w in out),
     }
 
