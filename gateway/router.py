@@ -6,10 +6,10 @@ while a deployment has too few), drops those that would miss the request's SLO c
 it (breaker open, at its concurrency cap), and picks the cheapest of the rest. When none qualifies it
 picks the one most likely to meet the SLO. A request leaves a filling engine's last KV share (its
 class's ``engine_reserve``: by default a deadline-only class's) to the tighter classes, whose
-alternatives cost more. A small share of requests explores another usable candidate so that statistics stay
-fresh, dearer candidates less often in proportion to their price. Prompts sharing a prefix go to
-the same self-hosted replica while it has headroom (rendezvous hashing over the replicas that
-qualify).
+alternatives cost more. A small share of requests explores another usable candidate so that
+statistics stay fresh, dearer candidates less often in proportion to their price. Prompts sharing a
+prefix go to the same self-hosted replica while it has headroom (rendezvous hashing over the
+replicas that qualify).
 
 ``Router`` holds the live state (``gateway.stats``, ``gateway.breaker``) and calls ``route``.
 Does not own calling anyone (``gateway.dispatch``) or the policy's schema (``gateway.policy``).
