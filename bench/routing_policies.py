@@ -277,7 +277,8 @@ class Crossway(SimPolicy):
     def first_byte(self, sim: Simulation, key: str, attempt: Attempt) -> None:
         router = self._router(attempt.request)
         router.stats.record(key, ttft=attempt.ttft, ok=True, load=self._loads[attempt.request])
-        router.breakers[key].success()
+        if router.breakers[key].success():
+            router.stats[key].recovered()
 
     def done(self, sim: Simulation, key: str, attempt: Attempt) -> None:
         router = self._router(attempt.request)

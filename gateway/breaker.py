@@ -44,11 +44,13 @@ class Breaker:
             return True
         return state == "closed"
 
-    def success(self) -> None:
-        """An attempt succeeded: close."""
+    def success(self) -> bool:
+        """An attempt succeeded: close. True when that ended an outage (the breaker was open or probing)."""
+        recovered = self.opened_at is not None
         self.failures = 0
         self.opened_at = None
         self.probing = False
+        return recovered
 
     def failure(self, now: float) -> None:
         """An attempt failed: count it; open at the threshold, or at once after a failed probe."""

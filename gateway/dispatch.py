@@ -278,7 +278,8 @@ class Dispatcher:
             breaker.release()  # cancelled: no verdict on the deployment
             raise
         else:
-            breaker.success()
+            if breaker.success():
+                stats.recovered()
             keep_in_flight = streaming  # the stream is still running; OpenStream.finish ends it
             self._record(attempts, target, "ok", started)
             return result

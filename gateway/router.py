@@ -4,7 +4,8 @@
 draws: it predicts each candidate's TTFT and TPOT (p95 of recent samples, or an optimistic prior
 while a deployment has too few), drops those that would miss the request's SLO class or cannot take
 it (breaker open, at its concurrency cap), and picks the cheapest of the rest. When none qualifies it
-picks the one most likely to meet the SLO. A request leaves a filling engine's last KV share (its
+picks the one most likely to meet the SLO. A deployment whose breaker is half-open is judged without
+its error rate: its one probe says whether it is back. A request leaves a filling engine's last KV share (its
 class's ``engine_reserve``: by default a deadline-only class's) to the tighter classes, whose
 alternatives cost more. A small share of requests explores another usable candidate so that
 statistics stay fresh, dearer candidates less often in proportion to their price. Prompts sharing a
@@ -162,7 +163,9 @@ def _judge(
         misses.append(f"KV cache {observed.engine.kv_free:.0%} free")
     elif observed.engine is not None and observed.engine.kv_free < slo.engine_reserve:
         misses.append(f"KV cache {observed.engine.kv_free:.0%} free, kept for tighter classes")
-    if observed.error_rate > 0.5:
+    if observed.error_rate > 0.5 and breaker != "half_open":
+        # Half-open, its breaker's one probe decides whether it is back (``Breaker``); judged by the
+        # failures that opened the breaker, it would never be sent that probe.
         misses.append(f"error rate {observed.error_rate:.0%}")
     qualified = usable and not misses
     if usable and misses:

@@ -152,6 +152,14 @@ class DeploymentStats:
         self.outcomes += 1
         self.error_rate += self.ERROR_DECAY * ((0.0 if ok else 1.0) - self.error_rate)
 
+    def recovered(self) -> None:
+        """Its breaker's probe succeeded: the failures that opened it say nothing about it now.
+
+        Without this, a deployment back from an outage stays behind its error rate, and only the few
+        requests that explore it would ever bring that rate down.
+        """
+        self.error_rate = 0.0
+
     def observed(
         self, ttft_limit: float | None = None, tpot_limit: float | None = None, *, load: int | None = None
     ) -> Observed:

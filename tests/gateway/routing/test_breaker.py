@@ -74,6 +74,15 @@ def test_half_open_breaker_closes_when_the_probe_succeeds():
     assert all(breakers["d"].acquire(clock()) for _ in range(3))
 
 
+def test_breaker_success_says_whether_it_ended_an_outage():
+    breakers, clock = opened()
+    assert not Breaker(3, 10.0).success()  # closed all along
+    clock.now += 10.0
+    assert breakers["d"].acquire(clock())
+    assert breakers["d"].success()  # the probe: the deployment is back
+    assert not breakers["d"].success()
+
+
 def test_half_open_breaker_reopens_for_a_full_cooldown_when_the_probe_fails():
     breakers, clock = opened(failures=3, cooldown=10.0)
     clock.now += 10.0

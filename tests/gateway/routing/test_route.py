@@ -180,6 +180,19 @@ def test_route_puts_unusable_candidates_last(breakers, observed, expected, reaso
         assert not why(decision, model).qualified
 
 
+@pytest.mark.parametrize(
+    ("breaker", "expected", "reason"),
+    [
+        ("closed", ["mid", "cheap"], "error rate 90%"),
+        ("half_open", ["cheap", "mid"], "chosen: cheapest-meeting-slo"),  # its one probe decides
+    ],
+)
+def test_route_sends_a_half_open_deployment_its_probe_whatever_its_error_rate(breaker, expected, reason):
+    decision = decide([CHEAP, MID], {"api/cheap": seen(err=0.9)}, breakers={"api/cheap": breaker})
+    assert models(decision) == expected
+    assert why(decision, "cheap").reason == reason
+
+
 def test_route_says_unusable_and_keeps_plan_order_when_every_candidate_is_unusable():
     decision = decide([DEAR, MID, CHEAP], breakers={"api/dear": "open", "api/mid": "open", "api/cheap": "open"})
     assert decision.reason == "unusable"

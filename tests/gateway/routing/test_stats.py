@@ -80,6 +80,16 @@ def test_error_rate_decays_with_successes_after_failures():
     assert not math.isclose(stats.error_rate, 0.0)
 
 
+def test_recovered_forgets_the_failures_and_later_outcomes_count_afresh():
+    stats = DeploymentStats(10)
+    for _ in range(20):
+        stats.outcome(False)
+    stats.recovered()
+    assert stats.error_rate == 0.0
+    stats.outcome(False)
+    assert stats.error_rate == pytest.approx(DeploymentStats.ERROR_DECAY)
+
+
 def test_error_rate_stays_zero_with_only_successes():
     stats = DeploymentStats(10)
     for _ in range(50):
