@@ -151,7 +151,7 @@ def _judge(
     elif at_cap:
         reason, usable = f"at concurrency cap ({target.max_concurrency})", False
     else:
-        usable, reason = True, ""
+        usable, reason = True, "breaker half-open: probing" if breaker == "half_open" else ""
     misses = []
     if slo.ttft_p95_ms is not None and ttft * 1000 > slo.ttft_p95_ms:
         misses.append(f"TTFT p95 {ttft * 1000:.0f} ms > {slo.ttft_p95_ms:.0f} ms")

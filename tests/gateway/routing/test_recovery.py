@@ -75,6 +75,7 @@ async def test_deployment_back_from_an_outage_gets_its_probe_and_then_its_traffi
             with FakeUpstream(keys, port=cheap_port):  # back
                 probe = router.decide(plan, work, configs, explore=False)
                 assert probe.order[0] == CHEAP  # half-open: the probe decides, not the failures before it
+                assert probe.candidates[0].reason == "chosen: cheapest-meeting-slo (breaker half-open: probing)"
                 assert await send() == ("cheapest-meeting-slo", CHEAP.key)
                 assert router.breakers.state(CHEAP.key) == "closed"
                 assert router.stats[CHEAP.key].error_rate == 0.0

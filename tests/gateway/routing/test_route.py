@@ -184,7 +184,7 @@ def test_route_puts_unusable_candidates_last(breakers, observed, expected, reaso
     ("breaker", "expected", "reason"),
     [
         ("closed", ["mid", "cheap"], "error rate 90%"),
-        ("half_open", ["cheap", "mid"], "chosen: cheapest-meeting-slo"),  # its one probe decides
+        ("half_open", ["cheap", "mid"], "chosen: cheapest-meeting-slo (breaker half-open: probing)"),
     ],
 )
 def test_route_sends_a_half_open_deployment_its_probe_whatever_its_error_rate(breaker, expected, reason):
