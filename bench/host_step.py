@@ -5,7 +5,7 @@ kernels), so timing it there cannot show how long the host's part takes. This ru
 ``LLMEngine`` step (scheduler, KV manager, the decode graphs' input staging, sampling's setup, the
 update, the outputs with their detokenization) on the CPU, with three parts of the device's work
 replaced: the model returns no logits (``forward`` a stub), the decode graphs' replay does nothing
-(the host staging before it is real: ``DecodeGraphs.run`` over CPU tensors) and the picks are
+(the host staging before it is real: ``DecodeInputs`` over CPU tensors) and the picks are
 random ids drawn on the host. Everything else is the engine's own code, so the figure is the host
 cost per step that async scheduling must hide behind the device's step. It is a measurement tool:
 the engine's tests run the real model.
@@ -22,7 +22,7 @@ import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,30 +30,36 @@ from bench.engine_gpu_smollm import _add_workload, engine_config
 from selfhost import engine as engine_module
 from selfhost import sampling
 from selfhost.engine import LLMEngine
-from selfhost.graphs import DecodeGraphs, TableRows
+from selfhost.graphs import DecodeInputs
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256)
 
 
-class _NoReplay:
-    def replay(self) -> None:
-        """The device's work: nothing here."""
+class _HostGraphs:
+    """The decode graphs with the device's part taken out: their real staging (``DecodeInputs`` over CPU tensors), no replay."""
 
+    max_batch = GRAPH_SIZES[-1]
 
-def _host_graphs(last_tokens: torch.Tensor, max_blocks: int) -> DecodeGraphs:
-    """A ``DecodeGraphs`` whose staging is the real one over CPU tensors and whose replays do nothing."""
-    graphs = DecodeGraphs.__new__(DecodeGraphs)
-    b = GRAPH_SIZES[-1]
-    graphs.sizes, graphs.max_batch, graphs.max_blocks = list(GRAPH_SIZES), b, max_blocks
-    graphs._host = [torch.zeros((5, b), dtype=torch.long) for _ in range(2)]
-    graphs._host_tables = [torch.zeros((b, max_blocks), dtype=torch.int32) for _ in range(2)]
-    graphs._table_rows = [TableRows(t.numpy()) for t in graphs._host_tables]
-    graphs._turn, graphs._last_tokens, graphs.num_replays = 0, last_tokens, 0
-    graphs._inputs = torch.zeros((5, b), dtype=torch.long)
-    graphs._tables = torch.zeros((b, max_blocks), dtype=torch.int32)
-    graphs._graphs = {s: _NoReplay() for s in GRAPH_SIZES}  # type: ignore[misc]
-    graphs._logits = {s: torch.zeros((s, 1)) for s in GRAPH_SIZES}
-    return graphs
+    def __init__(self, max_blocks: int) -> None:
+        self.inputs = DecodeInputs(self.max_batch, max_blocks, torch.device("cpu"), pinned=False)
+        self.num_replays = 0
+
+    def run(
+        self,
+        ids: Sequence[int],
+        positions: Sequence[int],
+        slots: Sequence[int],
+        tables: Sequence[Sequence[int]],
+        sources: Sequence[int],
+    ) -> torch.Tensor:
+        """Stage the step as ``DecodeGraphs.run`` does; the logits are the stub model's (one column)."""
+        n = len(ids)
+        self.inputs.stage(ids, positions, slots, tables, sources, next(s for s in GRAPH_SIZES if s >= n))
+        self.num_replays += 1
+        return torch.zeros((n, 1))
 
 
 class _RandomPicks(sampling.PendingSample):
@@ -88,7 +94,8 @@ def _measure(requests: int, windows: int, steps: int, kv_gib: int) -> dict[str, 
     runner = engine.runner
     runner.model.forward = lambda ids, *_, **__: torch.zeros(len(ids), 1)  # type: ignore[method-assign]
     runner.model.compute_logits = lambda hidden: hidden  # type: ignore[method-assign]
-    runner.graphs = _host_graphs(runner.last_tokens, (cfg.max_model_len or 8192) // cfg.block_size)
+    graphs = _HostGraphs((cfg.max_model_len or 8192) // cfg.block_size)
+    runner.graphs = graphs  # type: ignore[assignment]
     engine_module.PendingSample = _RandomPicks  # type: ignore[attr-defined]
     _add_workload(engine, "host", requests, 100, 1024, seed=3)
     while engine.scheduler.waiting or any(
@@ -112,7 +119,7 @@ def _measure(requests: int, windows: int, steps: int, kv_gib: int) -> dict[str, 
         "requests": requests,
         "steps": steps,
         "windows": out,
-        "replays": runner.graphs.num_replays,
+        "replays": graphs.num_replays,
         "median_cpu_ms_per_step": statistics.median(w["cpu_ms_per_step"] for w in out),
     }
 

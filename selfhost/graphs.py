@@ -9,8 +9,8 @@ norm and LM head included, reading its inputs from static buffers: token ids, po
 context lengths and block tables. A batch is padded to the next captured size with rows that write
 no KV (slot -1) and read none (length 0).
 
-Owns the static buffers, the captures and the fill-and-replay, and the host staging of block
-tables that the step graphs share (``TableRows``). Does not own deciding which steps run
+Owns the static buffers and their host staging (``DecodeInputs``), the captures and the
+fill-and-replay, and the host staging of block tables that the step graphs share (``TableRows``). Does not own deciding which steps run
 here (``runner``), the kernels (``kernels/``) nor sampling (``sampling``).
 """
 
@@ -96,6 +96,57 @@ class TableRows:
         self._last = row
 
 
+class DecodeInputs:
+    """The decode graphs' inputs: host staging, in two sets used in turn, and the device buffers it is copied to.
+
+    ``stage`` writes a step's rows (padded to the replayed size) and block tables into the next host
+    set and starts their copies up; the graphs read ``device_inputs`` (ids, positions, slots,
+    context lengths, sources: ``(5, max_batch)``) and ``device_tables`` (``(max_batch, max_blocks)``).
+    Without ``pinned`` (and with a CPU ``device``), the same staging runs where there is no GPU
+    (``bench.host_step`` times it so).
+    """
+
+    def __init__(self, max_batch: int, max_blocks: int, device: torch.device, *, pinned: bool = True) -> None:
+        b = max_batch
+        # NOTE(crossway): pinned host staging, so each step's inputs go up in two async copies. Two
+        # sets, used in turn: with async scheduling the host fills step n+1's while step n runs, and
+        # step n-1's copies (the other set's last use) are done by then, because the engine waited
+        # for step n-1's sampled ids before planning step n+1.
+        self._host = [torch.zeros((5, b), dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._host_tables = [torch.zeros((b, max_blocks), dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        self._table_rows = [TableRows(t.numpy()) for t in self._host_tables]
+        self._turn = 0
+        self.device_inputs = torch.zeros((5, b), dtype=torch.long, device=device)
+        self.device_tables = torch.zeros((b, max_blocks), dtype=torch.int32, device=device)
+
+    def stage(
+        self,
+        ids: Sequence[int],
+        positions: Sequence[int],
+        slots: Sequence[int],
+        tables: Sequence[Sequence[int]],
+        sources: Sequence[int],
+        bs: int,
+    ) -> None:
+        """Stage ``n`` rows (``DecodeGraphs.run`` says what each list holds) padded to ``bs`` rows, and copy them up."""
+        n = len(ids)
+        host, host_tables, rows = self._host[self._turn], self._host_tables[self._turn], self._table_rows[self._turn]
+        self._turn ^= 1
+        h = host.numpy()
+        h[_IDS, :n] = ids
+        h[_POS, :n] = positions
+        h[_SLOTS, :n] = slots
+        h[_LENS, :n] = h[_POS, :n] + 1
+        h[_SRC, :n] = sources
+        h[:, n:bs] = 0
+        h[_SLOTS, n:bs] = -1  # padding rows: no KV write, no context
+        h[_SRC, n:bs] = -1
+        for i, table in enumerate(tables):
+            rows.put(i, table)
+        self.device_inputs.copy_(host, non_blocking=True)
+        self.device_tables[:n].copy_(host_tables[:n], non_blocking=True)
+
+
 class DecodeGraphs:
     """Decode-step graphs for a set of batch sizes over one model and its KV cache tensors."""
 
@@ -120,18 +171,8 @@ class DecodeGraphs:
         self.sizes = sorted(set(batch_sizes))
         self.max_batch = self.sizes[-1]
         self.max_blocks = max_blocks
-        b = self.max_batch
-        # NOTE(crossway): pinned host staging, so each step's inputs go up in two async copies. Two
-        # sets, used in turn: with async scheduling the host fills step n+1's while step n runs, and
-        # step n-1's copies (the other set's last use) are done by then, because the engine waited
-        # for step n-1's sampled ids before planning step n+1.
-        self._host = [torch.zeros((5, b), dtype=torch.long, pin_memory=True) for _ in range(2)]
-        self._host_tables = [torch.zeros((b, max_blocks), dtype=torch.int32, pin_memory=True) for _ in range(2)]
-        self._table_rows = [TableRows(t.numpy()) for t in self._host_tables]
-        self._turn = 0
+        self.inputs = DecodeInputs(self.max_batch, max_blocks, device)
         self._last_tokens = last_tokens
-        self._inputs = torch.zeros((5, b), dtype=torch.long, device=device)  # ids, positions, slots, lens, sources
-        self._tables = torch.zeros((b, max_blocks), dtype=torch.int32, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
         self.num_replays = 0
@@ -146,24 +187,25 @@ class DecodeGraphs:
         device: torch.device,
         pool: _POOL_HANDLE | None,
     ) -> None:
-        self._inputs[_SLOTS].fill_(-1)  # warm-up and capture runs write nothing into the cache
-        self._inputs[_LENS].zero_()
-        self._inputs[_SRC].fill_(-1)
+        inputs, tables = self.inputs.device_inputs, self.inputs.device_tables
+        inputs[_SLOTS].fill_(-1)  # warm-up and capture runs write nothing into the cache
+        inputs[_LENS].zero_()
+        inputs[_SRC].fill_(-1)
         for bs in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
             meta = AttentionMetadata(
-                slot_mapping=self._inputs[_SLOTS, :bs],
+                slot_mapping=inputs[_SLOTS, :bs],
                 decode_rows=torch.arange(bs, device=device),
-                decode_blocks=self._tables[:bs].view(-1),
+                decode_blocks=tables[:bs].view(-1),
                 decode_mask=torch.empty(0, device=device),
                 prefills=[],
                 all_decode=True,
-                decode_lens=self._inputs[_LENS, :bs],
+                decode_lens=inputs[_LENS, :bs],
             )
 
             def step(bs: int = bs, meta: AttentionMetadata = meta) -> torch.Tensor:
-                src = self._inputs[_SRC, :bs]
-                ids = torch.where(src >= 0, self._last_tokens[src.clamp(min=0)], self._inputs[_IDS, :bs])
-                pos = self._inputs[_POS, :bs]
+                src = inputs[_SRC, :bs]
+                ids = torch.where(src >= 0, self._last_tokens[src.clamp(min=0)], inputs[_IDS, :bs])
+                pos = inputs[_POS, :bs]
                 return model.compute_logits(model(ids, pos, kv_caches, meta, kernels=True))  # (bs, V) fp32
 
             self._graphs[bs], self._logits[bs] = capture(step, device, pool)
@@ -188,21 +230,7 @@ class DecodeGraphs:
         """
         n = len(ids)
         bs = next(s for s in self.sizes if s >= n)
-        host, host_tables, rows = self._host[self._turn], self._host_tables[self._turn], self._table_rows[self._turn]
-        self._turn ^= 1
-        h = host.numpy()
-        h[_IDS, :n] = ids
-        h[_POS, :n] = positions
-        h[_SLOTS, :n] = slots
-        h[_LENS, :n] = h[_POS, :n] + 1
-        h[_SRC, :n] = sources
-        h[:, n:bs] = 0
-        h[_SLOTS, n:bs] = -1  # padding rows: no KV write, no context
-        h[_SRC, n:bs] = -1
-        for i, table in enumerate(tables):
-            rows.put(i, table)
-        self._inputs.copy_(host, non_blocking=True)
-        self._tables[:n].copy_(host_tables[:n], non_blocking=True)
+        self.inputs.stage(ids, positions, slots, tables, sources, bs)
         self._graphs[bs].replay()
         self.num_replays += 1
         return self._logits[bs][:n]
