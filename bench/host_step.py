@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import time
 from dataclasses import replace
@@ -63,13 +62,17 @@ class _HostGraphs:
 
 
 class _RandomPicks(sampling.PendingSample):
-    """Picks drawn on the host: the device's argmax taken out, the rest of the class (resolve) kept."""
+    """Picks drawn on the host: the device's argmax taken out, the rest of the class (resolve) kept.
 
-    rng = random.Random(0)
+    Drawn in one call: a Python draw per request took 138 us a step at 256 requests on the CPU VM
+    (``torch.randint``: 3 us), host work that the engine does not have.
+    """
+
+    gen = torch.Generator().manual_seed(0)
 
     def __init__(self, logits: torch.Tensor, requests: Any) -> None:
         self.requests = requests
-        self.picked = torch.tensor([self.rng.randrange(100, 49000) for _ in requests])
+        self.picked = torch.randint(100, 49000, (len(requests),), generator=self.gen)
         self.seeded, self._wanted, self._seeded_logits, self._logp = [], [], None, None
         self._host, self._done = self.picked.clone(), None
 
