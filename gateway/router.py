@@ -5,9 +5,9 @@ draws: it predicts each candidate's TTFT and TPOT (p95 of recent samples, or an 
 while a deployment has too few), drops those that would miss the request's SLO class or cannot take
 it (breaker open, at its concurrency cap), and picks the cheapest of the rest. When none qualifies it
 picks the one most likely to meet the SLO. A deployment whose breaker is half-open is judged without
-its error rate: its one probe says whether it is back. A request leaves a filling engine's last KV share (its
-class's ``engine_reserve``: by default a deadline-only class's) to the tighter classes, whose
-alternatives cost more. A small share of requests explores another usable candidate so that
+its error rate: its one probe says whether it is back. A request leaves a filling engine's last KV
+share (its class's ``engine_reserve``: by default a deadline-only class's) to the tighter classes,
+whose alternatives cost more. A small share of requests explores another usable candidate so that
 statistics stay fresh, dearer candidates less often in proportion to their price. Prompts sharing a
 prefix go to the same self-hosted replica while it has headroom (rendezvous hashing over the
 replicas that qualify).

@@ -10,8 +10,9 @@ context lengths and block tables. A batch is padded to the next captured size wi
 no KV (slot -1) and read none (length 0).
 
 Owns the static buffers and their host staging (``DecodeInputs``), the captures and the
-fill-and-replay, and the host staging of block tables that the step graphs share (``TableRows``). Does not own deciding which steps run
-here (``runner``), the kernels (``kernels/``) nor sampling (``sampling``).
+fill-and-replay, and the host staging of block tables that the step graphs share (``TableRows``).
+Does not own deciding which steps run here (``runner``), the kernels (``kernels/``) nor sampling
+(``sampling``).
 """
 
 from __future__ import annotations
