@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import UnknownModel
+from gateway.errors import InvalidRequest, PermissionDenied, UnknownModel
 from gateway.policy import DEFERRABLE_ENGINE_RESERVE, PolicyError, Target, load_policy, parse_policy
 from gateway.settings import DEFAULT_POLICY
 
@@ -86,6 +86,69 @@ def test_engine_reserve_defaults_to_deadline_only_classes_and_can_be_set_per_cla
     classes = parse_policy(text, {}).slo_classes
     reserves = {name: c.engine_reserve for name, c in classes.items()}
     assert reserves == {"interactive": 0.0, "standard": 0.2, "batch": DEFERRABLE_ENGINE_RESERVE, "overnight": 0.5}
+
+
+TENANTS = """
+providers:
+  cheap: {kind: openai, base_url: "http://127.0.0.1:9/v1", api_key_required: false}
+  dear: {kind: openai, base_url: "http://127.0.0.1:8/v1", api_key_required: false}
+models:
+  chat:
+    targets:
+      - {provider: cheap, model: m, price: {input: 0.5, output: 1.5}}
+      - {provider: dear, model: m, price: {input: 3.0, output: 15.0}}
+  premium-only:
+    targets: [{provider: dear, model: m, price: {input: 3.0, output: 15.0}}]
+slo_classes:
+  interactive: {ttft_p95_ms: 800, service_tiers: [priority]}
+  standard: {ttft_p95_ms: 2500}
+  batch: {deadline_s: 86400, service_tiers: [flex]}
+default_slo_class: standard
+tenants:
+  thrifty: {max_input_price: 1.0, max_output_price: 2.0, default_slo_class: batch}
+  narrow: {allowed_models: [chat]}
+"""
+
+
+def test_tenant_price_caps_drop_dearer_deployments_and_refuse_when_none_is_left():
+    policy = parse_policy(TENANTS, {})
+    assert [t.provider for t in policy.resolve("chat").targets] == ["cheap", "dear"]
+    assert [t.provider for t in policy.resolve("chat", tenant="thrifty").targets] == ["cheap"]
+    with pytest.raises(PermissionDenied) as info:
+        policy.resolve("premium-only", tenant="thrifty")
+    assert info.value.code == "price_cap"
+    assert "`thrifty`'s price caps" in str(info.value)
+
+
+def test_tenant_allowed_models_limit_what_it_may_call_and_list():
+    policy = parse_policy(TENANTS, {})
+    with pytest.raises(PermissionDenied) as info:
+        policy.resolve("premium-only", tenant="narrow")
+    assert info.value.code == "model_not_allowed"
+    assert policy.available_models("narrow") == ["chat"]
+    assert policy.available_models() == ["chat", "premium-only"]
+
+
+@pytest.mark.parametrize(
+    ("asked", "tenant", "expected"),
+    [
+        (None, None, "standard"),  # the policy's default
+        (None, "thrifty", "batch"),  # the tenant's default
+        ("interactive", "thrifty", "interactive"),  # the request's choice wins
+        ("priority", None, "interactive"),  # a service_tier that a class claims
+        ("flex", "narrow", "batch"),
+    ],
+)
+def test_slo_class_is_the_requests_choice_else_the_tenants_default_else_the_policys(asked, tenant, expected):
+    policy = parse_policy(TENANTS, {})
+    assert policy.resolve("chat", tenant=tenant, slo=asked).slo.name == expected
+
+
+def test_unknown_slo_class_is_an_invalid_request_listing_the_known_ones():
+    with pytest.raises(InvalidRequest) as info:
+        parse_policy(TENANTS, {}).resolve("chat", slo="ludicrous")
+    assert info.value.code == "unknown_slo_class"
+    assert "known: batch, interactive, standard" in str(info.value)
 
 
 def test_load_policy_reports_missing_file(tmp_path: Path):

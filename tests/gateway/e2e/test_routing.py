@@ -31,7 +31,7 @@ providers:
   pricey: {{kind: anthropic, base_url: "{url}", api_key_env: ANTHROPIC_API_KEY, timeout_s: 5}}
   flaky: {{kind: openai, base_url: "http://127.0.0.1:{flaky_port}/v1", api_key_env: OPENAI_API_KEY, connect_timeout_s: 1}}
 slo_classes:
-  interactive: {{ttft_p95_ms: 800}}
+  interactive: {{ttft_p95_ms: 800, service_tiers: [priority]}}
   standard: {{}}
 default_slo_class: standard
 routing: {{explore_share: 0, retries: 0, breaker_failures: 2, breaker_cooldown_s: 1}}
@@ -98,6 +98,12 @@ def test_cheapest_deployment_serves_until_it_would_miss_the_requests_slo(routed:
     assert by_name["cheap/slow-900"]["predicted_ttft_ms"] > 800
     assert by_name["pricey/claude-fast"]["reason"].startswith("chosen: cheapest-meeting-slo")
     assert by_name["cheap/slow-900"]["cost_usd"] < by_name["pricey/claude-fast"]["cost_usd"]
+
+
+def test_service_tier_that_a_class_claims_picks_that_class(routed: Routed):
+    raw = routed.chat("chat", service_tier="priority")
+    assert raw.headers["x-crossway-slo-class"] == "interactive"
+    assert routed.chat("chat").headers["x-crossway-slo-class"] == "standard"
 
 
 def test_unknown_slo_class_is_a_400_naming_the_header(routed: Routed):
