@@ -171,7 +171,6 @@ class DecodeGraphs:
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
         self.sizes = sorted(set(batch_sizes))
         self.max_batch = self.sizes[-1]
-        self.max_blocks = max_blocks
         self.inputs = DecodeInputs(self.max_batch, max_blocks, device)
         self._last_tokens = last_tokens
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
