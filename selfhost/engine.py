@@ -45,6 +45,8 @@ class _Launched:
     sampling: list[Request]
     picks: PendingSample
     started: float
+    finished_before: int
+    """``Scheduler.num_finished`` at launch: while it holds, none of the step's requests has finished."""
 
 
 class LLMEngine:
@@ -225,28 +227,28 @@ class LLMEngine:
         sampling = batch.sampling_requests
         picks = PendingSample(logits, sampling)  # launched; resolved in _finish
         if self.config.async_enabled:
-            self.runner.record_sampled([r.request_id for r in sampling], picks.picked)
-        return _Launched(batch, sampling, picks, started)
+            self.runner.record_sampled(sampling, picks.picked)
+        return _Launched(batch, sampling, picks, started, self.scheduler.num_finished)
 
     def _finish(self, launched: _Launched) -> list[RequestOutput]:
         """Wait for a launched step's tokens; update the requests; emit the outputs of those still live."""
         sampled = launched.picks.resolve()
         sampling = launched.sampling
-        # NOTE(crossway): a request can finish while its step runs (aborted, or stopped by the step
-        # before under async scheduling); its token is dropped and it gets no output.
-        live = [i for i, r in enumerate(sampling) if not r.status.finished]
-        self.scheduler.update(sampling, sampled.token_ids)
-        now = time.perf_counter()
-        self.metrics.on_step(launched.batch, len(live), now - max(launched.started, self._finished_at))
-        self._finished_at = now
         requests, token_ids, logprobs = sampling, sampled.token_ids, sampled.logprobs
-        if len(live) < len(sampling):
+        if self.scheduler.num_finished != launched.finished_before:
+            # NOTE(crossway): a request can finish while its step runs (aborted, or stopped by the
+            # step before under async scheduling); its token is dropped and it gets no output.
+            live = [i for i, r in enumerate(sampling) if not r.status.finished]
             requests = [sampling[i] for i in live]
             token_ids = [token_ids[i] for i in live]
             logprobs = [logprobs[i] for i in live]
+        self.scheduler.update(sampling, sampled.token_ids)
+        now = time.perf_counter()
+        self.metrics.on_step(launched.batch, len(requests), now - max(launched.started, self._finished_at))
+        self._finished_at = now
         outputs = self.outputs.process_step(requests, token_ids, logprobs)
         for request, out in zip(requests, outputs, strict=True):
-            if request.num_output_tokens == 1:
+            if out.num_output_tokens == 1:
                 self.metrics.on_first_token(request)
             if out.finished:
                 if not request.status.finished:  # a stop string ended it

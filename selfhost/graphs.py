@@ -63,38 +63,58 @@ def capture(
 
 
 class TableRows:
-    """Block tables written row by row into a host array, skipping rows that already hold them.
+    """Block tables written row by row into a host array, writing only what a row does not hold yet.
 
     NOTE(h7): a request's block ids are one list that only grows while it runs
-    (``KVCacheManager.block_ids``), so a row that last received the same list at the same length
-    holds those ids already. A step of 256 running requests rewrote every table, ~0.34 ms of numpy
-    conversions on the engine thread (on the CPU VM; 0.02 ms with the skip), where a block is
-    added to a table once in 16 steps. The
-    array is the caller's; each staging array needs its own ``TableRows``.
+    (``KVCacheManager.block_ids``), so a row that last received the same list holds its first ids
+    already, and only a grown tail is written. A step of 256 running requests rewrote every table,
+    ~0.34 ms of numpy conversions on the engine thread (on the CPU VM; 0.02 ms with the skip), where
+    a block is added to a table once in 16 steps. A table that moved to another row (a request
+    before it finished, so the later ones shift up; a request's several rows in one step) is
+    copied from the row that holds it: a row copy in numpy, 0.8 us on the CPU VM where converting
+    a 256-id list took 15 us. The array is the caller's; each staging array needs its own
+    ``TableRows``.
     """
 
     def __init__(self, array: np.ndarray) -> None:
         """Args: ``array`` ``(rows, max_blocks)``; entries past a row's table are never read by the kernels."""
         self.array = array
         self._held: list[tuple[Sequence[int], int] | None] = [None] * array.shape[0]
-        self._last = -1
+        """Per row, the table it holds and how many of its ids; the reference keeps the list
+        alive, so ``is`` and the ids in ``_row_of`` stay sound."""
+        self._row_of: dict[int, int] = {}
+        """``id(table)`` -> the row it was last put in (checked against ``_held`` before use)."""
 
     def put(self, row: int, table: Sequence[int]) -> None:
         """Make ``array[row, :len(table)]`` hold ``table`` (a list that is only ever appended to)."""
         n = len(table)
         held = self._held[row]
-        if held is not None and held[0] is table and held[1] == n:
-            self._last = row
-            return
-        last = self._held[self._last] if self._last >= 0 else None
-        if last is not None and last[0] is table and last[1] == n:
-            # NOTE(h7): a request's several rows in one step (a prefix hit's tail) share its table:
-            # a row copy in numpy, 0.8 us on the CPU VM where converting the 256-id list again took 15 us
-            self.array[row, :n] = self.array[self._last, :n]
+        if held is not None and held[0] is table:
+            if held[1] != n:
+                self.array[row, held[1] : n] = table[held[1] : n]
         else:
-            self.array[row, :n] = table
-        self._held[row] = (table, n)  # the reference also keeps the list alive, so `is` stays sound
-        self._last = row
+            src = self._row_of.get(id(table), -1)
+            at_src = self._held[src] if src >= 0 else None
+            if at_src is not None and at_src[0] is table:
+                m = at_src[1]
+                self.array[row, :m] = self.array[src, :m]
+                if m != n:
+                    self.array[row, m:n] = table[m:n]
+            else:
+                self.array[row, :n] = table
+            if len(self._row_of) > 4 * len(self._held):  # forget tables no row holds any more
+                self._row_of = {id(h[0]): r for r, h in enumerate(self._held) if h is not None}
+        self._held[row] = (table, n)
+        self._row_of[id(table)] = row
+
+    def put_all(self, tables: Sequence[Sequence[int]]) -> None:
+        """``put`` each of ``tables`` into rows ``0, 1, ...`` in turn."""
+        held = self._held
+        for row, table in enumerate(tables):
+            # NOTE(h7): the skip spelled out, since a decode step's rows all take it but one in ~16
+            h = held[row]
+            if h is None or h[0] is not table or h[1] != len(table):
+                self.put(row, table)
 
 
 class DecodeInputs:
@@ -142,8 +162,7 @@ class DecodeInputs:
         h[:, n:bs] = 0
         h[_SLOTS, n:bs] = -1  # padding rows: no KV write, no context
         h[_SRC, n:bs] = -1
-        for i, table in enumerate(tables):
-            rows.put(i, table)
+        rows.put_all(tables)
         self.device_inputs.copy_(host, non_blocking=True)
         self.device_tables[:n].copy_(host_tables[:n], non_blocking=True)
 

@@ -202,17 +202,18 @@ class KVCacheManager:
         Returns:
             The newly allocated blocks, or None (and no change at all) when the pool cannot supply them.
         """
-        table = self._tables.get(request.request_id, [])
-        prefix_blocks = hit.blocks
-        num_computed = request.num_computed_tokens + hit.num_tokens
-        total = num_computed + num_new_tokens
-        need = -(-total // self.block_size) - len(table) - len(prefix_blocks)
-        if need <= 0 and not prefix_blocks and table:  # most decode steps: the last block has room
-            # NOTE(crossway): checked here rather than by a call that returns at once: this runs for
-            # every running request every step (bench/prefix_cache_cost.py)
+        table = self._tables.get(request.request_id)
+        total = request.num_computed_tokens + hit.num_tokens + num_new_tokens
+        if table is not None and not hit.blocks and total <= len(table) * self.block_size:
+            # NOTE(crossway): most decode steps: the last block has room. Checked here rather than by
+            # a call that returns at once: this runs for every running request every step
+            # (bench/prefix_cache_cost.py)
             if self.enable_prefix_caching and total // self.block_size > self._num_hashed.get(request.request_id, 0):
                 self._cache_full_blocks(request, table, total)
             return []
+        table = table if table is not None else []
+        prefix_blocks = hit.blocks
+        need = -(-total // self.block_size) - len(table) - len(prefix_blocks)
         # a hit on a free cached block takes it out of the free queue too
         reclaimed = sum(1 for b in prefix_blocks if b.ref_cnt == 0)
         if need > self.pool.num_free_blocks() - reclaimed:

@@ -102,9 +102,7 @@ class EngineMetrics:
             self._recent.popleft()
         self.generation_tokens_total += num_sampled
         starts, counts = batch.starts, batch.num_new_tokens
-        self.prompt_tokens_total += sum(
-            max(0, min(s + n, r.num_prompt_tokens) - s) for r, s, n in zip(batch.requests, starts, counts, strict=True)
-        )
+        self.prompt_tokens_total += batch.num_prompt_tokens
         context = sum(starts) + tokens  # keys attended to
         moved = self.param_bytes + context * self.kv_bytes_per_token
         # query x key pairs (upper bound: causal); a step of one-token rows attends its context once

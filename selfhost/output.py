@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from selfhost.request import RequestStatus
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -82,10 +84,12 @@ class OutputProcessor:
         whose deltas equalled the windowed ones in 24,000 fuzzed steps.
         """
         outputs = []
+        states, running = self._states, RequestStatus.RUNNING
         for request, token_id, lp in zip(requests, token_ids, logprobs, strict=True):
-            state = self._states[request.request_id]
+            state = states[request.request_id]
             stops = request.params.stop
-            reason = request.status.finish_reason
+            status = request.status
+            reason = None if status is running else status.finish_reason
             finished = reason is not None
             # EOS or a stop token id ended it ("stop" already): that token has no text
             if not stops:
@@ -106,7 +110,7 @@ class OutputProcessor:
                 text = state.text[state.emitted : release_to]
                 state.emitted = release_to
             if finished:
-                self.remove(request.request_id)
+                del states[request.request_id]
             outputs.append(
                 RequestOutput(
                     request.request_id,

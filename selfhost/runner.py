@@ -143,10 +143,10 @@ class ModelRunner:
                 model, self.kv_caches, graph_batch_sizes, max_blocks, self.device, self.last_tokens, pool=pool
             )
 
-    def record_sampled(self, request_ids: Sequence[str], picked: torch.Tensor) -> None:
+    def record_sampled(self, requests: Sequence[Request], picked: torch.Tensor) -> None:
         """Keep a step's ``(S,)`` sampled ids on the device, for the next step's rows whose token is pending."""
         self.last_tokens[: picked.shape[0]].copy_(picked)
-        self._last_rows = {request_id: i for i, request_id in enumerate(request_ids)}
+        self._last_rows = {r.request_id: i for i, r in enumerate(requests)}
 
     def _source(self, request: Request, start: int, end: int) -> tuple[list[int], int]:
         """The token ids of positions ``[start, end)`` known on the host, and the last-sampled row of a pending one (or -1)."""
@@ -235,17 +235,21 @@ class ModelRunner:
         slots: list[int] = []
         tables: list[list[int]] = []
         rows: list[int] = []
-        last_rows = self._last_rows
+        last_rows, block_ids = self._last_rows, kv.block_ids
         for request, start, num_new, samples in zip(
             batch.requests, batch.starts, batch.num_new_tokens, batch.samples, strict=True
         ):
-            table = kv.block_ids(request.request_id)
+            table = block_ids(request.request_id)
             known = len(request.all_token_ids)
             if num_new == 1 and request.num_kv_tokens <= start <= known:
                 # NOTE(h7): a decode row, the bulk of every step: ``_source`` and the slot rule spelled
                 # out, since this loop runs for every running request while the device waits on it
-                ids.append(request.all_token_ids[start] if start < known else 0)
-                sources.append(-1 if start < known else last_rows[request.request_id])
+                if start < known:
+                    ids.append(request.all_token_ids[start])
+                    sources.append(-1)
+                else:
+                    ids.append(0)
+                    sources.append(last_rows[request.request_id])
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
                 tables.append(table)

@@ -7,7 +7,7 @@ strings (``output``) or token-based stopping (``scheduler``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -45,6 +45,9 @@ class SamplingParams:
     """Keep going past the model's end-of-sequence tokens."""
     logprobs: int | None = None
     """Return the chosen token's logprob and this many top alternatives (0..20); None: none."""
+    greedy: bool = field(init=False, repr=False, compare=False)
+    """Whether the pick is the argmax (temperature 0 or top_k 1). A field, set once: the sampler
+    asks it of every running request every step."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -59,11 +62,7 @@ class SamplingParams:
             raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
-
-    @property
-    def greedy(self) -> bool:
-        """Whether the pick is the argmax (temperature 0 or top_k 1)."""
-        return self.temperature == 0.0 or self.top_k == 1
+        object.__setattr__(self, "greedy", self.temperature == 0.0 or self.top_k == 1)
 
 
 class TokenLogprobs(NamedTuple):

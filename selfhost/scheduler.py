@@ -41,26 +41,33 @@ class ScheduledBatch:
     samples: list[bool] = field(default_factory=list)
     """Whether the step runs the request's last token (known or pending), so it samples the next."""
     preempted: list[Request] = field(default_factory=list)
+    total_tokens: int = 0
+    """Tokens that run through the model this step."""
+    num_prompt_tokens: int = 0
+    """Of those, prompt tokens (the rest are sampled tokens running for their KV and the next logits)."""
+    num_sampling: int = 0
+    """Requests whose last token runs this step (``sampling_requests``)."""
 
     def add(self, request: Request, num_new: int) -> None:
         """Plan ``num_new`` tokens of ``request``; advances its computed tokens and, if it samples, its pending ones."""
         start = request.num_computed_tokens
-        samples = start + num_new == request.num_tokens + request.num_pending_tokens
+        samples = start + num_new == len(request.all_token_ids) + request.num_pending_tokens
         self.requests.append(request)
         self.num_new_tokens.append(num_new)
         self.starts.append(start)
         self.samples.append(samples)
+        self.total_tokens += num_new
+        self.num_sampling += samples
+        if start < request.num_prompt_tokens:
+            self.num_prompt_tokens += min(start + num_new, request.num_prompt_tokens) - start
         request.num_computed_tokens = start + num_new
         request.num_pending_tokens += samples
 
     @property
-    def total_tokens(self) -> int:
-        """Tokens that run through the model this step."""
-        return sum(self.num_new_tokens)
-
-    @property
     def sampling_requests(self) -> list[Request]:
         """Requests whose last token runs this step, so the step samples their next token."""
+        if self.num_sampling == len(self.requests):  # every decode step
+            return self.requests
         return [r for r, s in zip(self.requests, self.samples, strict=True) if s]
 
 
@@ -76,6 +83,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self.num_finished = 0
+        """Requests ended so far (by any means)."""
 
     def add_request(self, request: Request) -> None:
         """Queue a validated request at the back of the waiting queue."""
@@ -90,25 +99,30 @@ class Scheduler:
         """Plan the next step: running requests first (oldest first), then admissions from the waiting queue."""
         batch = ScheduledBatch()
         budget = self.cfg.max_num_batched_tokens
+        running, max_len = self.running, self.max_model_len
+        allocate, add = self.kv.allocate_slots, batch.add
         i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            if self._ends_with_pending(request):
+        while i < len(running) and budget > 0:
+            request = running[i]
+            known, pending = len(request.all_token_ids), request.num_pending_tokens
+            if pending and (
+                known + pending - request.num_prompt_tokens >= request.params.max_tokens or known + pending >= max_len
+            ):
                 i += 1  # its pending token finishes it: running it again would be wasted
                 continue
-            num_new = self._chunk(request.num_tokens + request.num_pending_tokens - request.num_computed_tokens, budget)
+            num_new = self._chunk(known + pending - request.num_computed_tokens, budget)
             # NOTE(crossway): when blocks run out, preempt the newest running request (the end of
             # the list) and retry; a request can end up preempting itself. Victims always sit after
             # index i, so nothing already in this step's batch is preempted.
-            while self.kv.allocate_slots(request, num_new) is None:
-                victim = self.running.pop()
+            while allocate(request, num_new) is None:
+                victim = running.pop()
                 self._preempt(victim)
                 batch.preempted.append(victim)
                 if victim is request:
                     break
             if request.status is not RequestStatus.RUNNING:
                 break
-            batch.add(request, num_new)
+            add(request, num_new)
             budget -= num_new
             i += 1
         if batch.preempted:
@@ -132,16 +146,9 @@ class Scheduler:
             budget -= num_new
         return batch
 
-    def _ends_with_pending(self, request: Request) -> bool:
-        if not request.num_pending_tokens:
-            return False
-        outputs = request.num_output_tokens + request.num_pending_tokens
-        return (
-            outputs >= request.params.max_tokens
-            or request.num_tokens + request.num_pending_tokens >= self.max_model_len
-        )
-
     def _chunk(self, remaining: int, budget: int) -> int:
+        if remaining == 1:  # a decode: every running request, every step
+            return 1
         limit = self.cfg.long_prefill_token_threshold or remaining
         return min(remaining, budget, limit)
 
@@ -161,16 +168,27 @@ class Scheduler:
             tokens: their sampled tokens. A request that finished meanwhile (aborted, or stopped
                 by the step before while this one ran) drops its token.
         """
+        eos, max_len, running = self.eos_token_ids, self.max_model_len, RequestStatus.RUNNING
         for request, token in zip(requests, tokens, strict=True):
             request.num_pending_tokens -= 1
-            if request.status.finished:
+            if request.status is not running and request.status.finished:
                 continue
             request.append_output_token(token)
-            status = self._check_stop(request, token)
-            if status is not None:
-                self.finish(request, status)
+            params = request.params
+            # NOTE(crossway): the stop rules spelled out for the request that goes on (every
+            # running request, every step), so it pays no call; _stop_status says why one stops
+            num_tokens = len(request.all_token_ids)
+            if (
+                token in eos
+                or token in params.stop_token_ids
+                or num_tokens - request.num_prompt_tokens >= params.max_tokens
+                or num_tokens >= max_len
+            ):
+                status = self._stop_status(request, token)
+                if status is not None:
+                    self.finish(request, status)
 
-    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         params = request.params
         if not params.ignore_eos and token in self.eos_token_ids:
             request.stop_reason = None
@@ -193,3 +211,4 @@ class Scheduler:
         request.status = status
         self.kv.free(request)
         self.requests.pop(request.request_id, None)
+        self.num_finished += 1
