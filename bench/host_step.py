@@ -10,14 +10,22 @@ random ids drawn on the host. Everything else is the engine's own code, so the f
 cost per step that async scheduling must hide behind the device's step. It is a measurement tool:
 the engine's tests run the real model.
 
+``--through-async`` runs the same requests through the server's front (``AsyncEngine``: the engine
+on its thread, every request's outputs consumed by an asyncio task) and times the engine thread's
+whole loop, the hand-over of each step's outputs to the event loop included.
+
     python -m bench.host_step --requests 256 --windows 5 --json /tmp/host_step.json
+    python -m bench.host_step --requests 256 --windows 5 --through-async
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import statistics
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,11 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bench.engine_gpu_smollm import _add_workload, engine_config
+from bench.engine_gpu_smollm import _add_workload, engine_config, offline_workload
 from selfhost import engine as engine_module
 from selfhost import sampling
+from selfhost.async_engine import AsyncEngine
 from selfhost.engine import LLMEngine
 from selfhost.graphs import DecodeInputs
+from selfhost.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -77,21 +87,38 @@ class _RandomPicks(sampling.PendingSample):
         self._host, self._done = self.picked.clone(), None
 
 
-def measure(requests: int, windows: int, steps: int, kv_gib: int = 12) -> dict[str, Any]:
+def measure(
+    requests: int, windows: int, steps: int, kv_gib: int = 12, *, through_async: bool = False
+) -> dict[str, Any]:
     """Prefill ``requests`` of the GPU bench's offline workload, then time ``windows`` windows of ``steps`` decode steps.
 
     ``kv_gib`` sizes the KV pool (fp32 on the CPU): 12 holds 256 requests without preemption.
+    ``through_async`` runs the requests through ``AsyncEngine`` (the server's front: its engine
+    thread, and an event loop whose tasks consume every request's outputs) and times the engine
+    thread's whole loop, the hand-over of outputs included.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the GPU host's copies are asynchronous: no intra-op threads in the figure
     try:
-        return _measure(requests, windows, steps, kv_gib)
+        engine, graphs = _host_engine(kv_gib)
+        if through_async:
+            out = asyncio.run(_windows_through_async(engine, requests, windows, steps))
+        else:
+            out = _windows(engine, requests, windows, steps)
     finally:
         torch.set_num_threads(threads)
         engine_module.PendingSample = sampling.PendingSample  # type: ignore[attr-defined]
+    return {
+        "requests": requests,
+        "steps": steps,
+        "through_async": through_async,
+        "windows": out,
+        "replays": graphs.num_replays,
+        "median_cpu_ms_per_step": statistics.median(w["cpu_ms_per_step"] for w in out),
+    }
 
 
-def _measure(requests: int, windows: int, steps: int, kv_gib: int) -> dict[str, Any]:
+def _host_engine(kv_gib: int) -> tuple[LLMEngine, _HostGraphs]:
     cfg = replace(engine_config("cpu", smoke=False), kv_cache_memory_bytes=kv_gib << 30, async_scheduling=True)
     engine = LLMEngine.from_model("smollm2", cfg)
     runner = engine.runner
@@ -100,10 +127,18 @@ def _measure(requests: int, windows: int, steps: int, kv_gib: int) -> dict[str, 
     graphs = _HostGraphs((cfg.max_model_len or 8192) // cfg.block_size)
     runner.graphs = graphs  # type: ignore[assignment]
     engine_module.PendingSample = _RandomPicks  # type: ignore[attr-defined]
+    return engine, graphs
+
+
+def _decoding(engine: LLMEngine) -> bool:
+    """Whether every request is admitted and past its prompt."""
+    sched = engine.scheduler
+    return not sched.waiting and all(r.num_computed_tokens >= r.num_prompt_tokens for r in sched.running)
+
+
+def _windows(engine: LLMEngine, requests: int, windows: int, steps: int) -> list[dict[str, Any]]:
     _add_workload(engine, "host", requests, 100, 1024, seed=3)
-    while engine.scheduler.waiting or any(
-        r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
-    ):
+    while not _decoding(engine):
         engine.step()
     out = []
     for _ in range(windows):
@@ -118,13 +153,54 @@ def _measure(requests: int, windows: int, steps: int, kv_gib: int) -> dict[str, 
                 "running": len(engine.scheduler.running),
             }
         )
-    return {
-        "requests": requests,
-        "steps": steps,
-        "windows": out,
-        "replays": graphs.num_replays,
-        "median_cpu_ms_per_step": statistics.median(w["cpu_ms_per_step"] for w in out),
-    }
+    return out
+
+
+async def _windows_through_async(engine: LLMEngine, requests: int, windows: int, steps: int) -> list[dict[str, Any]]:
+    """The same windows, timed on the engine thread from one step's start to the next (its whole loop)."""
+    marks: list[tuple[float, float, int]] = []  # (wall, engine thread CPU, running) at each timed step's start
+    decoding = threading.Event()
+    done = threading.Event()
+    step = engine.step
+
+    def timed_step() -> list[Any]:
+        if decoding.is_set() and not done.is_set():
+            marks.append((time.perf_counter(), time.thread_time(), len(engine.scheduler.running)))
+            if len(marks) > windows * steps:
+                done.set()
+        elif not decoding.is_set() and _decoding(engine):
+            decoding.set()
+        return step()
+
+    engine.step = timed_step  # type: ignore[method-assign]
+    front = AsyncEngine(engine)
+    front.start()
+    tokens = [0]
+
+    async def consume(prompt: list[int], params: SamplingParams) -> None:
+        with contextlib.suppress(RuntimeError):  # the engine closes under the streams when timing ends
+            async for out in front.generate(prompt, params):
+                tokens[0] += len(out.token_ids)
+
+    workload = offline_workload(engine.model_config.vocab_size, requests, 100, 1024, seed=3)
+    tasks = [
+        asyncio.create_task(consume(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)))
+        for p, n in workload
+    ]
+    await asyncio.to_thread(done.wait)
+    await asyncio.to_thread(front.close)
+    await asyncio.gather(*tasks)
+    out = []
+    for w in range(windows):
+        first, last = marks[w * steps], marks[(w + 1) * steps]
+        out.append(
+            {
+                "ms_per_step": (last[0] - first[0]) * 1e3 / steps,
+                "cpu_ms_per_step": (last[1] - first[1]) * 1e3 / steps,
+                "running": last[2],
+            }
+        )
+    return out
 
 
 def main() -> None:
@@ -132,9 +208,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--through-async", action="store_true", help="through AsyncEngine, outputs handed to asyncio")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    result = measure(args.requests, args.windows, args.steps)
+    result = measure(args.requests, args.windows, args.steps, through_async=args.through_async)
     result["date"] = time.strftime("%Y-%m-%d %H:%M")
     print(json.dumps(result))
     if args.json is not None:

@@ -81,3 +81,25 @@ async def test_invalid_request_raises_on_the_stream_and_others_continue(engine: 
     with pytest.raises(ValueError, match="the prompt is empty"):
         await anext(engine.generate([], GREEDY))
     assert len(await collect(engine, chat_ids(smollm2, "Hi"))) == 8
+
+
+async def test_a_steps_outputs_reach_every_stream_in_one_loop_callback(
+    engine: AsyncEngine, smollm2: Loaded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each ``call_soon_threadsafe`` wakes the loop through a socket write: a step hands all its outputs over in one."""
+    loop = asyncio.get_running_loop()
+    calls: list[object] = []
+    handover = loop.call_soon_threadsafe
+
+    def counted(callback: object, *args: object) -> object:
+        calls.append(callback)
+        return handover(callback, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+    prompts = [chat_ids(smollm2, p) for p in CHAT_PROMPTS[:4]]
+    long = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    got = await asyncio.gather(*(collect(engine, p, long) for p in prompts))
+    assert [len(g) for g in got] == [12] * 4
+    # 4 admissions, then at most one hand-over per step: 4 streams x 12 tokens in 13 steps or so
+    handovers = len(calls) - 4
+    assert 12 <= handovers <= 16, handovers

@@ -12,3 +12,12 @@ def test_host_step_bench_decodes_every_request_through_the_graph_staging_and_res
     assert result["replays"] == 8  # every decode step went through DecodeGraphs.run
     assert all(w["cpu_ms_per_step"] > 0 for w in result["windows"])
     assert engine_module.PendingSample is sampling.PendingSample
+
+
+def test_host_step_bench_through_the_async_front_times_the_engine_threads_loop():
+    result = host_step.measure(requests=3, windows=2, steps=4, kv_gib=1, through_async=True)
+    assert result["through_async"] is True
+    assert [w["running"] for w in result["windows"]] == [3, 3]
+    assert result["replays"] >= 8  # the timed steps went through DecodeGraphs.run (and the prefill before them)
+    assert all(w["cpu_ms_per_step"] > 0 and w["ms_per_step"] > 0 for w in result["windows"])
+    assert engine_module.PendingSample is sampling.PendingSample
