@@ -122,13 +122,17 @@ def offline_workload(vocab: int, n: int, lo: int, hi: int, seed: int) -> list[tu
     return out
 
 
-def _add_workload(engine: LLMEngine, tag: str, n: int, lo: int, hi: int, seed: int) -> int:
-    """Queue ``offline_workload``'s requests (greedy, EOS ignored); return their prompt tokens."""
+def _add_workload(engine: LLMEngine, tag: str, n: int, lo: int, hi: int, seed: int, *, stream: bool = False) -> int:
+    """Queue ``offline_workload``'s requests (greedy, EOS ignored); return their prompt tokens.
+
+    Not streamed by default (one output each, at the end), as an offline run's callers want them;
+    ``stream`` gives each an output every step, as a server's streaming clients get them.
+    """
     total_in = 0
     for i, (prompt, out_len) in enumerate(offline_workload(engine.model_config.vocab_size, n, lo, hi, seed)):
         total_in += len(prompt)
         params = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
-        engine.add_request(f"{tag}{seed}-{i}", prompt, params)
+        engine.add_request(f"{tag}{seed}-{i}", prompt, params, stream=stream)
     return total_in
 
 
@@ -164,7 +168,9 @@ def top_by_name(events: list[Any], n: int = 15) -> list[dict[str, Any]]:
     return [{"name": k, "count": len(v), "total_us": round(sum(v), 1)} for k, v in top]
 
 
-def gpu_busy(engine: LLMEngine, n: int, lo: int, hi: int, seed: int, window: int) -> dict[str, Any]:
+def gpu_busy(
+    engine: LLMEngine, n: int, lo: int, hi: int, seed: int, window: int, *, stream: bool = False
+) -> dict[str, Any]:
     """Share of time the GPU runs kernels while ``n`` requests decode together (an offline-style load).
 
     The steps of a window in mid-run (every request admitted, prefills done) run under
@@ -174,7 +180,7 @@ def gpu_busy(engine: LLMEngine, n: int, lo: int, hi: int, seed: int, window: int
     """
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
-    _add_workload(engine, "busy", n, lo, hi, seed)
+    _add_workload(engine, "busy", n, lo, hi, seed, stream=stream)
     while engine.scheduler.waiting or any(
         r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
     ):
@@ -193,6 +199,7 @@ def gpu_busy(engine: LLMEngine, n: int, lo: int, hi: int, seed: int, window: int
     total = spans[-1][1] - spans[0][0] if spans else 0.0
     return {
         "requests": n,
+        "streamed": stream,
         "running_in_window": running,
         "steps": window,
         "device_events": len(spans),
@@ -513,6 +520,7 @@ def main() -> None:
         # 32 requests on the 8B shape: 256 would not fit its KV pool, and preemption is not the load meant
         n, lo, hi = (6, 10, 40) if smoke else (32 if args.model == "llama3-8b-random" else 256, 100, 1024)
         run("gpu_busy", lambda: gpu_busy(engine(), n, lo, hi, seed=3, window=5 if smoke else 40))
+        run("gpu_busy_streamed", lambda: gpu_busy(engine(), n, lo, hi, seed=3, window=5 if smoke else 40, stream=True))
     if want("ttft"):
         run("ttft_4k", lambda: ttft(engine(), 128 if smoke else 4096, 1 if smoke else 3))
         for n in (int(v) for v in args.ttft_extra.split(",") if v):

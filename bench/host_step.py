@@ -14,8 +14,8 @@ the engine's tests run the real model.
 on its thread, every request's outputs consumed by an asyncio task) and times the engine thread's
 whole loop, the hand-over of each step's outputs to the event loop included.
 
-    python -m bench.host_step --requests 256 --windows 5 --json /tmp/host_step.json
-    python -m bench.host_step --requests 256 --windows 5 --through-async
+    python -m bench.host_step --requests 256 --windows 5 [--stream] --json /tmp/host_step.json
+    python -m bench.host_step --requests 256 --windows 5 --through-async [--stream]
 """
 
 from __future__ import annotations
@@ -88,23 +88,24 @@ class _RandomPicks(sampling.PendingSample):
 
 
 def measure(
-    requests: int, windows: int, steps: int, kv_gib: int = 12, *, through_async: bool = False
+    requests: int, windows: int, steps: int, kv_gib: int = 12, *, through_async: bool = False, stream: bool = False
 ) -> dict[str, Any]:
     """Prefill ``requests`` of the GPU bench's offline workload, then time ``windows`` windows of ``steps`` decode steps.
 
     ``kv_gib`` sizes the KV pool (fp32 on the CPU): 12 holds 256 requests without preemption.
     ``through_async`` runs the requests through ``AsyncEngine`` (the server's front: its engine
     thread, and an event loop whose tasks consume every request's outputs) and times the engine
-    thread's whole loop, the hand-over of outputs included.
+    thread's whole loop, the hand-over of outputs included. ``stream`` gives each request an
+    output every step (a streaming client's), else one when it finishes.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the GPU host's copies are asynchronous: no intra-op threads in the figure
     try:
         engine, graphs = _host_engine(kv_gib)
         if through_async:
-            out = asyncio.run(_windows_through_async(engine, requests, windows, steps))
+            out = asyncio.run(_windows_through_async(engine, requests, windows, steps, stream))
         else:
-            out = _windows(engine, requests, windows, steps)
+            out = _windows(engine, requests, windows, steps, stream)
     finally:
         torch.set_num_threads(threads)
         engine_module.PendingSample = sampling.PendingSample  # type: ignore[attr-defined]
@@ -112,6 +113,7 @@ def measure(
         "requests": requests,
         "steps": steps,
         "through_async": through_async,
+        "streamed": stream,
         "windows": out,
         "replays": graphs.num_replays,
         "median_cpu_ms_per_step": statistics.median(w["cpu_ms_per_step"] for w in out),
@@ -136,8 +138,8 @@ def _decoding(engine: LLMEngine) -> bool:
     return not sched.waiting and all(r.num_computed_tokens >= r.num_prompt_tokens for r in sched.running)
 
 
-def _windows(engine: LLMEngine, requests: int, windows: int, steps: int) -> list[dict[str, Any]]:
-    _add_workload(engine, "host", requests, 100, 1024, seed=3)
+def _windows(engine: LLMEngine, requests: int, windows: int, steps: int, stream: bool) -> list[dict[str, Any]]:
+    _add_workload(engine, "host", requests, 100, 1024, seed=3, stream=stream)
     while not _decoding(engine):
         engine.step()
     out = []
@@ -156,7 +158,9 @@ def _windows(engine: LLMEngine, requests: int, windows: int, steps: int) -> list
     return out
 
 
-async def _windows_through_async(engine: LLMEngine, requests: int, windows: int, steps: int) -> list[dict[str, Any]]:
+async def _windows_through_async(
+    engine: LLMEngine, requests: int, windows: int, steps: int, stream: bool
+) -> list[dict[str, Any]]:
     """The same windows, timed on the engine thread from one step's start to the next (its whole loop)."""
     marks: list[tuple[float, float, int]] = []  # (wall, engine thread CPU, running) at each timed step's start
     decoding = threading.Event()
@@ -179,7 +183,7 @@ async def _windows_through_async(engine: LLMEngine, requests: int, windows: int,
 
     async def consume(prompt: list[int], params: SamplingParams) -> None:
         with contextlib.suppress(RuntimeError):  # the engine closes under the streams when timing ends
-            async for out in front.generate(prompt, params):
+            async for out in front.generate(prompt, params, stream=stream):
                 tokens[0] += len(out.token_ids)
 
     workload = offline_workload(engine.model_config.vocab_size, requests, 100, 1024, seed=3)
@@ -209,9 +213,10 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--through-async", action="store_true", help="through AsyncEngine, outputs handed to asyncio")
+    ap.add_argument("--stream", action="store_true", help="an output every step for every request (streaming clients)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    result = measure(args.requests, args.windows, args.steps, through_async=args.through_async)
+    result = measure(args.requests, args.windows, args.steps, through_async=args.through_async, stream=args.stream)
     result["date"] = time.strftime("%Y-%m-%d %H:%M")
     print(json.dumps(result))
     if args.json is not None:

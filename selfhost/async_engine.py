@@ -81,8 +81,11 @@ class AsyncEngine:
         request_id: str | None = None,
         tenant: str | None = None,
         cache_salt: str | None = None,
+        stream: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs, one per step that produced a token; the last has ``finished`` set.
+
+        ``stream=False``: one output when it finishes, unless it has stop strings (``LLMEngine.add_request``).
 
         Raises:
             ValueError: the request is invalid (raised on the first ``__anext__``).
@@ -100,7 +103,7 @@ class AsyncEngine:
 
         def add() -> None:
             try:
-                self.engine.add_request(rid, prompt, params, tenant=tenant, cache_salt=cache_salt)
+                self.engine.add_request(rid, prompt, params, tenant=tenant, cache_salt=cache_salt, stream=stream)
             except ValueError as exc:
                 _post(loop, _settle, added, exc)
                 return

@@ -129,6 +129,7 @@ class LLMEngine:
         *,
         tenant: str | None = None,
         cache_salt: str | None = None,
+        stream: bool = True,
     ) -> Request:
         """Validate and queue a request.
 
@@ -138,6 +139,8 @@ class LLMEngine:
             params: sampling parameters.
             tenant: whose request this is; salts its block hashes when ``salt_by_tenant`` is on.
             cache_salt: explicit salt that overrides the tenant's (a policy letting tenants share KV).
+            stream: an output every step; False: one output when the request finishes, unless it
+                has stop strings (``OutputProcessor.add``).
 
         Raises:
             ValueError: empty prompt, prompt or prompt + max_tokens beyond the context, unknown
@@ -155,7 +158,7 @@ class LLMEngine:
         salt = cache_salt if cache_salt is not None else (tenant if self.config.salt_by_tenant else None)
         request = Request(request_id, token_ids, params, cache_salt=salt, packed_prompt=packed)
         self.scheduler.add_request(request)
-        self.outputs.add(request)
+        self.outputs.add(request, stream=stream)
         return request
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> bytes:
@@ -247,14 +250,18 @@ class LLMEngine:
         self.metrics.on_step(launched.batch, len(requests), now - max(launched.started, self._finished_at))
         self._finished_at = now
         outputs = self.outputs.process_step(requests, token_ids, logprobs)
+        emitted = []
         for request, out in zip(requests, outputs, strict=True):
-            if out.num_output_tokens == 1:
+            if len(request.all_token_ids) == request.num_prompt_tokens + 1:
                 self.metrics.on_first_token(request)
+            if out is None:  # a final-only request that goes on
+                continue
             if out.finished:
                 if not request.status.finished:  # a stop string ended it
                     self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
                 self.metrics.on_finish(request)
-        return outputs
+            emitted.append(out)
+        return emitted
 
     def metrics_snapshot(self) -> MetricsSnapshot:
         """Current metrics (queue, KV blocks, prefix hits, latencies, utilisation)."""
@@ -267,7 +274,7 @@ class LLMEngine:
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         ids = [f"generate-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
         for request_id, prompt, p in zip(ids, prompts, per_prompt, strict=True):
-            self.add_request(request_id, prompt, p)
+            self.add_request(request_id, prompt, p, stream=False)
         tokens: dict[str, list[int]] = {i: [] for i in ids}
         while self.has_unfinished_requests():
             for out in self.step():

@@ -50,6 +50,10 @@ class _TextState:
     text: str = ""
     """The text so far, kept only for a request with stop strings (searched and held back)."""
     emitted: int = 0
+    final_only: bool = False
+    """Not streamed and no stop strings: no output until it finishes, its text decoded once then."""
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    """A final-only request's logprobs so far."""
 
 
 class OutputProcessor:
@@ -59,11 +63,24 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._states: dict[str, _TextState] = {}
 
-    def add(self, request: Request) -> None:
-        """Start tracking a request's text."""
-        tail = request.all_token_ids[max(0, request.num_prompt_tokens - _PROMPT_TAIL) : request.num_prompt_tokens]
-        stream = self.tokenizer.text_stream(tail) if self.tokenizer is not None else None
-        self._states[request.request_id] = _TextState(stream)
+    def add(self, request: Request, *, stream: bool = True) -> None:
+        """Start tracking a request's text.
+
+        ``stream=False``: the caller wants only the whole result, so a request without stop
+        strings gets one output, when it finishes (all its token ids, logprobs and text), as vLLM's
+        ``FINAL_ONLY``. Its text is decoded once then instead of token by token: ~1.5 us a token
+        on the CPU VM through ``TextStream``, the largest single cost of a decode step's host work
+        (bench/host_step.py). With stop strings the text must be searched as it grows, so such a
+        request is processed as a streamed one.
+        """
+        final_only = not stream and not request.params.stop
+        text_stream = None
+        if self.tokenizer is not None and not final_only:
+            context, unfinished = self._context(request)
+            text_stream = self.tokenizer.text_stream(context)
+            for token_id in unfinished:
+                text_stream.step(token_id)  # "": the character is not whole until the output completes it
+        self._states[request.request_id] = _TextState(text_stream, final_only=final_only)
 
     def remove(self, request_id: str) -> None:
         """Stop tracking (idempotent)."""
@@ -71,11 +88,12 @@ class OutputProcessor:
 
     def process_step(
         self, requests: Sequence[Request], token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs | None]
-    ) -> list[RequestOutput]:
+    ) -> list[RequestOutput | None]:
         """Account each request's new token, in order; detect stop strings (sets ``request.stop_reason``).
 
-        The caller finishes a request when its output says ``finished`` and the request's status is
-        not finished yet.
+        Returns each request's output, or None for a final-only request that goes on. The caller
+        finishes a request when its output says ``finished`` and the request's status is not
+        finished yet.
 
         NOTE(crossway): the GPU idles while the host does this work. Each request's text advances by
         one call into the tokenizer library (``TextStream``): with 256 running requests the whole
@@ -83,7 +101,7 @@ class OutputProcessor:
         (and 11-13 ms with two decodes per request before that), 0.61-0.62 ms with the streams,
         whose deltas equalled the windowed ones in 24,000 fuzzed steps.
         """
-        outputs = []
+        outputs: list[RequestOutput | None] = []
         states, running = self._states, RequestStatus.RUNNING
         for request, token_id, lp in zip(requests, token_ids, logprobs, strict=True):
             state = states[request.request_id]
@@ -91,6 +109,15 @@ class OutputProcessor:
             status = request.status
             reason = None if status is running else status.finish_reason
             finished = reason is not None
+            if state.final_only:
+                if lp is not None:
+                    state.logprobs.append(lp)
+                if reason is None:
+                    outputs.append(None)
+                else:
+                    outputs.append(self._final_output(request, state, reason))
+                    del states[request.request_id]
+                continue
             # EOS or a stop token id ended it ("stop" already): that token has no text
             if not stops:
                 # nothing to search or hold back: the delta is released as it comes, unkept
@@ -126,6 +153,55 @@ class OutputProcessor:
                 )
             )
         return outputs
+
+    def _context(self, request: Request) -> tuple[list[int], list[int]]:
+        """The prompt's last tokens that the output's text is decoded after, split where the last whole character ends.
+
+        NOTE(crossway): a tail that ends inside a character (a prompt given as token ids) made the
+        stream release the tail's own text with the first token. The tokens of that character are
+        fed to the stream before the output instead: the output's first bytes complete it, and the
+        character is part of the output's text.
+        """
+        assert self.tokenizer is not None  # noqa: S101 (narrowing)
+        tail = request.all_token_ids[max(0, request.num_prompt_tokens - _PROMPT_TAIL) : request.num_prompt_tokens]
+        end = len(tail)
+        while end and self.tokenizer.decode(tail[:end]).endswith("\ufffd"):
+            end -= 1
+        return tail[:end], tail[end:]
+
+    def _final_output(self, request: Request, state: _TextState, reason: FinishReason) -> RequestOutput:
+        output_ids = request.output_token_ids
+        return RequestOutput(
+            request.request_id,
+            output_ids,
+            self._whole_text(request, output_ids[:-1] if reason == "stop" else output_ids),
+            True,
+            reason,
+            request.stop_reason,
+            state.logprobs,
+            request.num_prompt_tokens,
+            len(output_ids),
+            max(request.num_cached_tokens, 0),
+        )
+
+    def _whole_text(self, request: Request, ids: list[int]) -> str:
+        """The text a ``TextStream`` after the prompt's tail would have released for ``ids``, in one decode.
+
+        EOS or a stop token id that ended the request has no text, so the caller leaves it out.
+        """
+        if self.tokenizer is None:
+            return ""
+        context, unfinished = self._context(request)
+        ids = [*unfinished, *ids]
+        before = self.tokenizer.decode(context)
+        whole = self.tokenizer.decode([*context, *ids])
+        text = whole[len(before) :]
+        if whole.startswith(before) and "\ufffd" not in text:
+            return text
+        # NOTE(crossway): a character the output leaves unfinished (a stream holds its bytes back
+        # for good), or a U+FFFD of its own: the stream's own rule, token by token
+        stream = self.tokenizer.text_stream(context)
+        return "".join([stream.step(t) for t in ids])
 
 
 def _find_stop(text: str, stops: tuple[str, ...], start: int) -> tuple[int, str] | None:

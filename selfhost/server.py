@@ -158,7 +158,9 @@ async def _respond(
     chat: bool,
 ) -> Response[Any]:
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    stream = engine.generate(prompt, params, request_id=rid, tenant=request.headers.get(TENANT_HEADER))
+    stream = engine.generate(
+        prompt, params, request_id=rid, tenant=request.headers.get(TENANT_HEADER), stream=body.stream
+    )
     try:
         first = await anext(stream)
     except ValueError as exc:
