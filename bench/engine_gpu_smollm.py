@@ -136,6 +136,12 @@ def _add_workload(engine: LLMEngine, tag: str, n: int, lo: int, hi: int, seed: i
     return total_in
 
 
+def prefills_done(engine: LLMEngine) -> bool:
+    """Whether every request is admitted and past its prompt (so each step is all decodes)."""
+    sched = engine.scheduler
+    return not sched.waiting and all(r.num_computed_tokens >= r.num_prompt_tokens for r in sched.running)
+
+
 def offline(engine: LLMEngine, n: int, lo: int, hi: int, seed: int) -> dict[str, float]:
     """Throughput of ``n`` requests with prompt and output lengths uniform in [lo, hi]."""
     total_in = _add_workload(engine, "o", n, lo, hi, seed)
@@ -181,9 +187,7 @@ def gpu_busy(
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
     _add_workload(engine, "busy", n, lo, hi, seed, stream=stream)
-    while engine.scheduler.waiting or any(
-        r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
-    ):
+    while not prefills_done(engine):
         engine.step()
     running = len(engine.scheduler.running)
     sync(engine.config.device)
@@ -307,9 +311,7 @@ def chunked_itl(
     params = SamplingParams(max_tokens=engine.max_model_len - 64, temperature=0.0, ignore_eos=True)
     for i in range(running):
         engine.add_request(f"run{i}", [200 + (i * 13 + j) % 30000 for j in range(64)], params)
-    while (
-        any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running) or engine.scheduler.waiting
-    ):
+    while not prefills_done(engine):
         engine.step()
 
     def timed_steps(k: int, arrive: Callable[[int], None] | None = None) -> list[float]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bench.engine_gpu_smollm import _add_workload, engine_config
+from bench.engine_gpu_smollm import _add_workload, engine_config, prefills_done
 from selfhost import sampling
 from selfhost.engine import LLMEngine
 
@@ -41,9 +41,7 @@ def measure(stream: bool, windows: int = 4, steps: int = 40) -> dict[str, Any]:
     sampling.PendingSample.resolve = timed_resolve  # type: ignore[method-assign]
     try:
         _add_workload(engine, "headroom", 256, 100, 1024, seed=3, stream=stream)
-        while engine.scheduler.waiting or any(
-            r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
-        ):
+        while not prefills_done(engine):
             engine.step()
         torch.cuda.synchronize()
         out = []

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bench.engine_gpu_smollm import _add_workload, engine_config, offline_workload
+from bench.engine_gpu_smollm import _add_workload, engine_config, offline_workload, prefills_done
 from selfhost import engine as engine_module
 from selfhost import sampling
 from selfhost.async_engine import AsyncEngine
@@ -132,15 +132,9 @@ def _host_engine(kv_gib: int) -> tuple[LLMEngine, _HostGraphs]:
     return engine, graphs
 
 
-def _decoding(engine: LLMEngine) -> bool:
-    """Whether every request is admitted and past its prompt."""
-    sched = engine.scheduler
-    return not sched.waiting and all(r.num_computed_tokens >= r.num_prompt_tokens for r in sched.running)
-
-
 def _windows(engine: LLMEngine, requests: int, windows: int, steps: int, stream: bool) -> list[dict[str, Any]]:
     _add_workload(engine, "host", requests, 100, 1024, seed=3, stream=stream)
-    while not _decoding(engine):
+    while not prefills_done(engine):
         engine.step()
     out = []
     for _ in range(windows):
@@ -172,7 +166,7 @@ async def _windows_through_async(
             marks.append((time.perf_counter(), time.thread_time(), len(engine.scheduler.running)))
             if len(marks) > windows * steps:
                 done.set()
-        elif not decoding.is_set() and _decoding(engine):
+        elif not decoding.is_set() and prefills_done(engine):
             decoding.set()
         return step()
 

@@ -70,8 +70,8 @@ class TableRows:
     already, and only a grown tail is written. A step of 256 running requests rewrote every table,
     ~0.34 ms of numpy conversions on the engine thread (on the CPU VM; 0.02 ms with the skip), where
     a block is added to a table once in 16 steps. A table that moved to another row (a request
-    before it finished, so the later ones shift up; a request's several rows in one step) is
-    copied from the row that holds it: a row copy in numpy, 0.8 us on the CPU VM where converting
+    ahead of it finished, so the later ones shift up a row; a request's several rows in one step)
+    is copied from the row that holds it: a row copy in numpy, 0.8 us on the CPU VM where converting
     a 256-id list took 15 us. The array is the caller's; each staging array needs its own
     ``TableRows``.
     """
