@@ -7,6 +7,12 @@ it spends waiting for a step's picks (``PendingSample.resolve``). A positive wai
 device still had work queued when the host was ready: the host kept ahead of it. Wall minus wait
 is the host's own work a step.
 
+It also gives a busy share without the profiler: a CUDA event is recorded just before and just
+after each graph replay, so each pair's elapsed time is the replay's time on the device (an event
+takes its timestamp when the stream reaches it), and their sum over the span from the first to the
+last is the share of time the device ran the steps' graphs. The input copies and the picks'
+kernels outside the pairs count as idle, so it reads a little low.
+
     python -m bench.host_headroom [--stream] --json /tmp/headroom.json
 """
 
@@ -38,7 +44,19 @@ def measure(stream: bool, windows: int = 4, steps: int = 40) -> dict[str, Any]:
             waited[0] += time.perf_counter() - t
         return resolve(self)
 
+    marks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+    replay = torch.cuda.CUDAGraph.replay
+
+    def timed_replay(graph: torch.cuda.CUDAGraph) -> None:
+        before = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        after = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        before.record()
+        replay(graph)
+        after.record()
+        marks.append((before, after))
+
     sampling.PendingSample.resolve = timed_resolve  # type: ignore[method-assign]
+    torch.cuda.CUDAGraph.replay = timed_replay  # type: ignore[method-assign,assignment]
     try:
         _add_workload(engine, "headroom", 256, 100, 1024, seed=3, stream=stream)
         while not prefills_done(engine):
@@ -47,20 +65,27 @@ def measure(stream: bool, windows: int = 4, steps: int = 40) -> dict[str, Any]:
         out = []
         for _ in range(windows):
             waited[0] = 0.0
+            marks.clear()
             t, c = time.perf_counter(), time.thread_time()
             for _ in range(steps):
                 engine.step()
             wall, cpu = time.perf_counter() - t, time.thread_time() - c
+            torch.cuda.synchronize()
+            busy = sum(a.elapsed_time(b) for a, b in marks)
+            span = marks[0][0].elapsed_time(marks[-1][1])
             out.append(
                 {
                     "wall_ms": wall * 1e3 / steps,
                     "cpu_ms": cpu * 1e3 / steps,
                     "wait_ms": waited[0] * 1e3 / steps,
+                    "replays": len(marks),
+                    "replay_busy_share": busy / span,
                     "running": len(engine.scheduler.running),
                 }
             )
     finally:
         sampling.PendingSample.resolve = resolve  # type: ignore[method-assign]
+        torch.cuda.CUDAGraph.replay = replay  # type: ignore[method-assign]
     return {"streamed": stream, "steps": steps, "windows": out}
 
 
