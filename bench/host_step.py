@@ -185,9 +185,14 @@ async def _windows_through_async(
         asyncio.create_task(consume(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)))
         for p, n in workload
     ]
-    await asyncio.to_thread(done.wait)
+    consumers: asyncio.Future[Any] = asyncio.gather(*tasks)
+    timed: asyncio.Future[Any] = asyncio.ensure_future(asyncio.to_thread(done.wait))
+    await asyncio.wait([timed, consumers], return_when=asyncio.FIRST_COMPLETED)
+    done.set()  # the workload may have ended first: bounded either way
     await asyncio.to_thread(front.close)
-    await asyncio.gather(*tasks)
+    await asyncio.gather(consumers, timed)
+    if len(marks) <= windows * steps:
+        raise RuntimeError(f"the workload ended after {len(marks)} timed steps; ask for fewer than {windows * steps}")
     out = []
     for w in range(windows):
         first, last = marks[w * steps], marks[(w + 1) * steps]
