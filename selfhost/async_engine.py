@@ -192,10 +192,7 @@ class AsyncEngine:
                 continue
             if out.finished:
                 del self._streams[out.request_id]
-            items = by_loop.get(stream[0])
-            if items is None:
-                items = by_loop[stream[0]] = []
-            items.append((stream[1], out))
+            by_loop.setdefault(stream[0], []).append((stream[1], out))
         for loop, items in by_loop.items():
             _post(loop, _put_all, items)
 

@@ -252,7 +252,7 @@ class LLMEngine:
         outputs = self.outputs.process_step(requests, token_ids, logprobs)
         emitted = []
         for request, out in zip(requests, outputs, strict=True):
-            if len(request.all_token_ids) == request.num_prompt_tokens + 1:
+            if request.num_output_tokens == 1:
                 self.metrics.on_first_token(request)
             if out is None:  # a final-only request that goes on
                 continue
