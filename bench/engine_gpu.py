@@ -107,9 +107,9 @@ def candidates(kind: Literal["int8", "int4", "dense"], m: int, group: int) -> li
     return out
 
 
-def _run_all(ws: list[QLinear], x: torch.Tensor, gated: bool) -> None:
+def _run_all(ws: list[QLinear], x: torch.Tensor, glu: bool) -> None:
     for w in ws:
-        w(x, gated)
+        w(x, glu)
 
 
 def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]], *, search: bool = True) -> None:
@@ -129,13 +129,13 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]], *, 
     groups.append([decoder.lm_head])
     for name, ws in zip((*names, "lm_head"), groups, strict=True):
         n, k = ws[0].n, ws[0].k
-        gated = name == "down"  # as the step calls it: SiLU-and-mul on the loads
+        glu = name == "gate_up"  # as the step calls it: SiLU-and-mul as the tiles are written
         for m in batches:
             if kind == "dense" and m > MODEL_ROWS:
                 continue  # cuBLAS: nothing of ours to tune
-            x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             quant_matmul.set_config(kind, m, n, k, None)  # the launcher's default, as the engine runs it
-            run = partial(_run_all, ws, x, gated)
+            run = partial(_run_all, ws, x, glu)
             # NOTE(h7): timed twice, the first discarded: a shape's first timing (after the compile)
             # can read high (dense qkv 19.7 and 18.4 us against 16.8 and 16.9 on two H100s, 2026-11-26)
             first_ms = graph_time_ms(run, repeats=3) / len(ws)

@@ -2,7 +2,7 @@
 
 Owns building random bf16 / int8 / int4 weights for a shape, one decode step written only with
 the kernels (fused residual RMSNorm, rotary + KV write, paged decode attention, SiLU-and-mul,
-weight-only matmuls, the down projection applying SiLU-and-mul as it loads; bf16 linears as the
+weight-only matmuls, gate_up writing SiLU-and-mul of its output (``glu``); bf16 linears as the
 engine runs them, the dense GEMV at batch 1 and cuBLAS above, or cuBLAS always for
 ``cublas``), and capturing that step, greedy argmax and the advance of positions, slots and
 lengths included, in one CUDA graph. Does not own prefill, scheduling or sampling beyond argmax:
@@ -83,15 +83,16 @@ class QLinear:
         """Bytes one pass reads."""
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
-    def __call__(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
-        """``(M, K) -> (M, N)``; with ``gated``, ``(M, 2K)`` ``[gate | up]`` through SiLU-and-mul first."""
+    def __call__(self, x: torch.Tensor, glu: bool = False) -> torch.Tensor:
+        """``(M, K) -> (M, N)``; with ``glu``, W is ``[gate; up]`` and the result ``silu_and_mul`` of that, ``(M, N / 2)``."""
         if self.mode == "bf16" and x.shape[0] <= MODEL_ROWS:
-            return dense_gemv(x, self.tensors[0], gated=gated)
+            return dense_gemv(x, self.tensors[0], glu=glu)
         if self.mode in ("bf16", "cublas"):
-            return F.linear(silu_and_mul(x) if gated else x, self.tensors[0])
+            y = F.linear(x, self.tensors[0])
+            return silu_and_mul(y) if glu else y
         if self.mode == "int8":
-            return int8_matmul(x, self.tensors[0], self.tensors[1], gated=gated)
-        return int4_matmul(x, self.tensors[0], self.tensors[1], self.tensors[2], self.group, gated=gated)
+            return int8_matmul(x, self.tensors[0], self.tensors[1], glu=glu)
+        return int4_matmul(x, self.tensors[0], self.tensors[1], self.tensors[2], self.group, glu=glu)
 
 
 class Decoder:
@@ -159,7 +160,7 @@ class Decoder:
             o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5)  # (b, nh, hd)
             x = layer.o(o.view(b, q_size))
             h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps) if norm else (x, x)
-            x = layer.down(layer.gate_up(h), gated=True)  # int8 / int4 apply SiLU-and-mul as they load
+            x = layer.down(layer.gate_up(h, glu=True))  # the matmuls apply SiLU-and-mul as they write
         h = rms_norm_residual(x, res, self.norm, s.eps)[0] if norm else x
         logits = self.lm_head(h)  # (b, V)
         if self.torch_argmax:

@@ -2,8 +2,8 @@
 """How the weight-only matmuls are launched: per-shape configs, the split-K reduction, the grid.
 
 Owns ``Config`` and the config table (``set_config``), the default config per shape, the Triton
-helpers the matmul kernels share (loading x with SiLU-and-mul fused, storing a tile with split-K
-finished in the same launch) and ``launch``. Does not own the
+helpers the matmul kernels share (a tile's weight rows; storing a tile, with split-K finished in
+the same launch and, for a ``[gate; up]`` weight, SiLU-and-mul applied) and ``launch``. Does not own the
 kernels' inner loops nor the weight formats (``kernels.quant_matmul``, ``kernels.dense_gemv``,
 ``kernels.reference``).
 """
@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 
 from kernels._common import arrival_counters, dot_in_fp32, num_sms, pdl_args, tl, triton
+from kernels.activation import silu_and_mul
 
 GEMV_MAX_ROWS = 4
 """Rows of ``x`` up to which the GEMV path can be the default (``_gemv_default``)."""
@@ -115,11 +116,11 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             bn, bk = (8 if n <= 4096 and k_iter_cols <= 1024 else 4), (1024 if k_iter_cols <= 1024 else 512)
             prefetch = True
         elif kind in ("int8", "int8g") and k_iter_cols >= 8192:
-            # NOTE(h7): the 8B down projection (K 14,336, SiLU-and-mul on its loads) on the H100 at
-            # batch 1: 8 rows x 1,024 columns over 4 warps, one split, 23.7 us, where the 2-row tile
-            # below took 38.8 us (each program recomputes the activation over its K range, so more
-            # rows a program share it); one split, where the rule below would split its 512 tiles in two
-            bn, bk, warps, prefetch, split = 8, 1024, 4, True, 1
+            # NOTE(h7): the 8B down projection (K 14,336) on the H100 at batch 1, tuned once its input
+            # came activated from gate_up (``glu``): 2 rows x 2,048 columns over 4 warps, 21.3 us,
+            # where 8 x 1,024 took 22.1; while it applied SiLU-and-mul on its own loads, 8 x 1,024
+            # had won (23.7 us), every program recomputing the activation over its K range (2026-11-27)
+            bn, bk, warps, prefetch = 2, 2048, 4, True
         elif kind in ("int8", "int8g") and k_iter_cols <= 2048:
             # NOTE(h7): SmolLM2's int8 shapes (K 576 and 1,536) on the H100 at batch 1, tuned with the
             # kernel launching its dependents first (kernels._common.pdl_enter): wider tiles, K split
@@ -187,29 +188,59 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
 if triton is not None:
 
     @triton.jit
-    def _load_x(ptrs, mask, GATE_OFF, GATED: tl.constexpr):
-        """``x`` at ``ptrs``; with GATED, ``silu(x[ptrs]) * x[ptrs + GATE_OFF]`` rounded to x's dtype (``silu_and_mul``)."""
-        x = tl.load(ptrs, mask=mask, other=0.0)
-        if GATED:
-            g = x.to(tl.float32)
-            u = tl.load(ptrs + GATE_OFF, mask=mask, other=0.0).to(tl.float32)
-            x = (g / (1.0 + tl.exp(-g)) * u).to(x.dtype)
-        return x
+    def _tile_rows(N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+        """The weight rows of ``program_id(1)``'s tile and their mask.
+
+        With GLU the weight is ``[gate; up]`` (N = 2I rows) and the tile takes gate row j and up row
+        j + I in turn, BLOCK_N / 2 of each, so that ``_store_tile`` finds both halves of its outputs.
+        """
+        r = tl.arange(0, BLOCK_N)
+        if GLU:
+            j = tl.program_id(1) * (BLOCK_N // 2) + r // 2
+            rn = j + (r % 2) * (N // 2)
+            nmask = j < N // 2
+        else:
+            rn = tl.program_id(1) * BLOCK_N + r
+            nmask = rn < N
+        return rn, nmask
 
     @triton.jit
-    def _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, sp_s, cnt_ptr, N, NSPLIT):
-        """Write a finished ``(rows, cols)`` fp32 tile, reducing split-K in the same launch.
+    def _write_tile(acc, rm, mmask, out_ptr, so_m, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+        """Store a finished ``(rows, BLOCK_N)`` fp32 tile of ``program_id(1)``; with GLU, ``silu(gate) * up`` of its pairs.
 
-        Without split-K the tile goes straight to ``out``. With it, each program stores an fp32 partial;
-        the last of the tile's NSPLIT programs to arrive (an atomic counter per tile) sums the partials
-        in split order, so the result does not depend on arrival order, writes ``out`` and resets the
-        counter for the next launch (CUDA graph replays reuse it).
+        GLU rounds gate and up to the output's dtype first and the product once, as the unfused
+        ``[gate | up]`` output followed by ``kernels.activation.silu_and_mul`` does, bit for bit.
         """
-        omask = mmask[:, None] & nmask[None, :]
-        o_off = rm[:, None] * so_m + rn[None, :]
-        if NSPLIT == 1:
-            tl.store(out_ptr + o_off, acc.to(out_ptr.dtype.element_ty), mask=omask)
+        dt = out_ptr.dtype.element_ty
+        if GLU:
+            half: tl.constexpr = BLOCK_N // 2
+            g, u = tl.split(tl.reshape(acc.to(dt).to(tl.float32), (acc.shape[0], half, 2)))  # (rows, BLOCK_N / 2)
+            y = g / (1.0 + tl.exp(-g)) * u
+            cols = tl.program_id(1) * half + tl.arange(0, half)
+            tl.store(
+                out_ptr + rm[:, None] * so_m + cols[None, :], y.to(dt), mask=mmask[:, None] & (cols < N // 2)[None, :]
+            )
         else:
+            cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+            tl.store(
+                out_ptr + rm[:, None] * so_m + cols[None, :], acc.to(dt), mask=mmask[:, None] & (cols < N)[None, :]
+            )
+
+    @triton.jit
+    def _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, sp_s, cnt_ptr, N, NSPLIT, GLU: tl.constexpr):
+        """Write a finished ``(rows, BLOCK_N)`` fp32 tile, reducing split-K in the same launch.
+
+        Without split-K the tile goes straight to ``out`` (``_write_tile``). With it, each program
+        stores an fp32 partial at its weight rows' columns; the last of the tile's NSPLIT programs to
+        arrive (an atomic counter per tile) sums the partials in split order, so the result does not
+        depend on arrival order, writes ``out`` and resets the counter for the next launch (CUDA
+        graph replays reuse it).
+        """
+        BLOCK_N: tl.constexpr = acc.shape[1]
+        if NSPLIT == 1:
+            _write_tile(acc, rm, mmask, out_ptr, so_m, N, BLOCK_N, GLU)
+        else:
+            omask = mmask[:, None] & nmask[None, :]
             p_off = rm[:, None] * N + rn[None, :]
             tl.store(part_ptr + tl.program_id(2) * sp_s + p_off, acc, mask=omask)
             # NOTE(h7): every thread's partial store must precede the release of the counter increment
@@ -221,8 +252,14 @@ if triton is not None:
                 for s in range(NSPLIT):
                     # .cg: other multiprocessors wrote these; skip this one's L1
                     tot += tl.load(part_ptr + s * sp_s + p_off, mask=omask, other=0.0, cache_modifier=".cg")
-                tl.store(out_ptr + o_off, tot.to(out_ptr.dtype.element_ty), mask=omask)
+                _write_tile(tot, rm, mmask, out_ptr, so_m, N, BLOCK_N, GLU)
                 tl.atomic_xchg(cnt_ptr + tile, 0)
+
+
+def check_glu_rows(n: int, glu: bool) -> None:
+    """Raise unless a ``glu`` weight's ``n`` rows can be ``[gate; up]``."""
+    if glu and n % 2:
+        raise ValueError(f"glu needs an even number of weight rows ([gate; up]), got {n}")
 
 
 def launch(
@@ -233,20 +270,29 @@ def launch(
     cfg: Config,
     tensors: tuple[torch.Tensor, ...],
     strides: tuple[int, ...],
-    gated: bool,
+    glu: bool,
     **constexprs: int,
 ) -> torch.Tensor:
     """Run ``kernel`` over the grid ``cfg`` asks for; split-K partials are reduced inside the launch.
 
-    ``k_cols`` is the K extent the kernel iterates (packed bytes per half for int4).
+    ``k_cols`` is the K extent the kernel iterates (packed bytes per half for int4). With ``glu``
+    the ``n`` weight rows are ``[gate; up]`` and the output ``(M, n / 2)`` is ``silu(gate) * up``.
     """
+    if glu and cfg.path == "tiled":
+        # NOTE(h7): the tiled path's tiles of gate and up rows in turn were slower than its plain
+        # tiles and the activation's own launch after them on the H100 (the 8B shape's int4 at
+        # batch 16: 3,092 against 3,410 tok/s; batch 4: 956 against 982), where the GEMV path gained
+        return silu_and_mul(launch(kernel, x, n, k_cols, cfg, tensors, strides, False, **constexprs))
+    if glu and cfg.block_n % 2:
+        raise ValueError(f"glu needs an even block_n, got {cfg.block_n}")
     m = x.shape[0]
     per_split = -(-k_cols // cfg.split_k)
     k_split = -(-per_split // cfg.block_k) * cfg.block_k  # a multiple of the loop step
     split = -(-k_cols // k_split)
     gemv = cfg.path == "gemv"
-    grid = (m if gemv else -(-m // cfg.block_m), -(-n // cfg.block_n), split)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    cols = n // 2 if glu else n
+    grid = (m if gemv else -(-m // cfg.block_m), -(-cols // (cfg.block_n // 2 if glu else cfg.block_n)), split)
+    out = torch.empty((m, cols), dtype=x.dtype, device=x.device)
     part, counters = out, out  # placeholders without split-K: never read
     if split > 1:
         part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
@@ -266,7 +312,7 @@ def launch(
         out.stride(0),
         **constexprs,
         GEMV=gemv,
-        GATED=gated,
+        GLU=glu,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,

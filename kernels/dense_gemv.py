@@ -4,8 +4,8 @@
 The decode step's projections at batch 1-4 on the GPU: cuBLAS would do the arithmetic as fast, but
 a step of a small model is ~270 kernels of a few microseconds each, so what sets its time is the
 gaps between them. This kernel takes part in programmatic dependent launch like every Triton
-kernel here (``kernels._common.pdl_args``) and can apply SiLU-and-mul while it loads x
-(``gated``), which removes the activation's own launch. It is the int8 kernel's GEMV path
+kernel here (``kernels._common.pdl_args``) and can write SiLU-and-mul of a ``[gate; up]`` weight's
+product (``glu``), which removes the activation's own launch. It is the int8 kernel's GEMV path
 (``kernels.quant_matmul``) without the dequantization: one row of x per program, rows adjacent in
 the grid so their programs share a weight tile through L2, split-K finished inside the launch
 (``kernels._matmul_launch``).
@@ -19,7 +19,7 @@ import torch
 
 from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, tl, triton
-from kernels._matmul_launch import GEMV_MAX_ROWS, Config, config_for, launch
+from kernels._matmul_launch import GEMV_MAX_ROWS, Config, check_glu_rows, config_for, launch
 
 __all__ = ["GEMV_MAX_ROWS", "MODEL_ROWS", "dense_gemv"]
 
@@ -33,17 +33,17 @@ and 612.9 for cuBLAS."""
 
 if triton is not None:
     from kernels._common import pdl_enter
-    from kernels._matmul_launch import _load_x, _store_tile
+    from kernels._matmul_launch import _store_tile, _tile_rows
 
     @triton.jit
-    def _dense_step(acc2, w, x_row, rk, K, GATED: tl.constexpr):
+    def _dense_step(acc2, w, x_row, rk, K):
         """One K step: ``acc2 + w * x[rk]`` with x's columns ``rk`` (masked at K) widened to fp32."""
-        x = _load_x(x_row + rk, rk < K, K, GATED).to(tl.float32)  # (BLOCK_K,)
+        x = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)  # (BLOCK_K,)
         return acc2 + w.to(tl.float32) * x[None, :]
 
     @triton.jit
     def _dense_gemv_kernel(
-        x_ptr,  # (M, K) activations, or (M, 2K) [gate | up] when GATED
+        x_ptr,  # (M, K) activations
         w_ptr,  # (N, K) float weight
         out_ptr,  # (M, N) output
         part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
@@ -57,7 +57,7 @@ if triton is not None:
         sw_n,  # row stride of w
         so_m,  # row stride of out
         GEMV: tl.constexpr,  # always True here (``launch`` passes it to every matmul kernel)
-        GATED: tl.constexpr,  # x is [gate | up]: multiply silu(gate) * up
+        GLU: tl.constexpr,  # w is [gate; up]: write silu(x @ gate.T) * (x @ up.T) (_tile_rows)
         BLOCK_M: tl.constexpr,  # unused (the tiled path's rows per program)
         BLOCK_N: tl.constexpr,  # output columns per program
         BLOCK_K: tl.constexpr,  # K per loop step
@@ -66,9 +66,8 @@ if triton is not None:
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32)
-        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rn, nmask = _tile_rows(N, BLOCK_N, GLU)
         k_lo = tl.program_id(2) * K_SPLIT
-        nmask = rn < N
         w_ptrs = w_ptr + rn[:, None] * sw_n
         # per-column partial sums, reduced once after the loop: the same order for every row and batch
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
@@ -79,40 +78,40 @@ if triton is not None:
             w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
         pdl_enter(PDL)
         if PREFETCH:
-            acc2 = _dense_step(acc2, w, x_ptr + rm * sx_m, rk, K, GATED)
+            acc2 = _dense_step(acc2, w, x_ptr + rm * sx_m, rk, K)
         # NOTE(h7): a constexpr offset, not a value out of an if / else: such a loop bound doubled the
         # int4 GEMV's registers even without the prefetch (127 -> 255, twice the weight loads in its PTX)
         k_first = k_lo + BLOCK_K * PREFETCH
         for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
-            acc2 = _dense_step(acc2, w, x_ptr + rm * sx_m, rk, K, GATED)
+            acc2 = _dense_step(acc2, w, x_ptr + rm * sx_m, rk, K)
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
-        _store_tile(acc, rm, rn, rm < M, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
+        _store_tile(acc, rm, rn, rm < M, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU)
 
 
 def dense_gemv(
-    x: torch.Tensor, weight: torch.Tensor, config: Config | None = None, *, gated: bool = False
+    x: torch.Tensor, weight: torch.Tensor, config: Config | None = None, *, glu: bool = False
 ) -> torch.Tensor:
     """``(M, K) @ (N, K).T -> (M, N)`` in x's dtype, one program row per row of x (meant for M <= 4).
 
-    With ``gated``, x is ``(M, 2K)`` ``[gate | up]`` and the product is ``silu_and_mul(x) @ W.T``
-    (the activation rounded to x's dtype first, as ``kernels.activation.silu_and_mul`` does).
+    With ``glu``, W is ``[gate; up]`` and the result ``silu_and_mul(x @ W.T)``, ``(M, N/2)``, the
+    product rounded to x's dtype before the activation as the two launches would.
 
     Raises:
         ValueError: shapes, dtypes or strides the kernel cannot take, or a tiled ``config``.
     """
     check(weight.dim() == 2, f"weight must be (N, K), got {tuple(weight.shape)}")
     n, k = weight.shape
-    cols = 2 * k if gated else k
-    check(x.dim() == 2 and x.shape[1] == cols, f"x must be (M, {cols}), got {tuple(x.shape)}")
+    check(x.dim() == 2 and x.shape[1] == k, f"x must be (M, {k}), got {tuple(x.shape)}")
     check_dtype("x", x, torch.float32, torch.float16, torch.bfloat16)
     check_dtype("weight", weight, torch.float32, torch.float16, torch.bfloat16)
+    check_glu_rows(n, glu)
     if not can_launch(x, weight):
-        xa = reference.silu_and_mul(x) if gated else x
-        return (xa.float() @ weight.float().T).to(x.dtype)
+        y = (x.float() @ weight.float().T).to(x.dtype)
+        return reference.silu_and_mul(y) if glu else y
     check_last_contiguous("x", x)
     check_last_contiguous("weight", weight)
     cfg = config or config_for("dense", x.shape[0], n, k, k, 0, x.device)
     check(cfg.path == "gemv", f"dense_gemv has only the GEMV path, got {cfg.path}")
-    return launch(_dense_gemv_kernel, x, n, k, cfg, (weight,), (x.stride(0), weight.stride(0)), gated)
+    return launch(_dense_gemv_kernel, x, n, k, cfg, (weight,), (x.stride(0), weight.stride(0)), glu)

@@ -6,8 +6,8 @@ elementwise FMAs and a row reduction, the rows of ``x`` adjacent in the grid so 
 share the weight tile through L2. The tiled path (many rows, prefill or large batches) dequantizes
 a tile to the activation dtype and feeds ``tl.dot``. Both can split K over programs when the grid
 would not fill the GPU (``kernels._matmul_launch`` finishes the split in the same launch). The GEMV
-path can take ``[gate | up]`` and apply SiLU-and-mul as it loads x (``gated``), which saves the
-activation's own launch; the tiled path runs the activation kernel first instead.
+path can take a ``[gate; up]`` weight and write ``silu(gate) * up`` (``glu``), which saves the
+activation's own launch; the tiled path runs the activation kernel after instead.
 
 Owns the kernels and the launchers. Per-group int8 and int4 with group 32 are what GGUF Q8_0 and
 Q4_1 blocks repack into (``kernels.gguf_blocks``). The weight layouts and the semantics are in
@@ -23,14 +23,13 @@ import torch
 
 from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, tl, triton
-from kernels._matmul_launch import GEMV_MAX_ROWS, Config, Kind, config_for, launch, set_config
-from kernels.activation import silu_and_mul
+from kernels._matmul_launch import GEMV_MAX_ROWS, Config, Kind, check_glu_rows, config_for, launch, set_config
 
 __all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
 
 if triton is not None:
     from kernels._common import pdl_enter, pdl_enter_after_wait
-    from kernels._matmul_launch import _load_x, _store_tile
+    from kernels._matmul_launch import _store_tile, _tile_rows
 
     @triton.jit
     def _int8_to_f32(w, ASM: tl.constexpr):
@@ -65,9 +64,7 @@ if triton is not None:
             return w.to(tl.float32)
 
     @triton.jit
-    def _int8_gemv_step(
-        acc2, w, k0, x_row, K, s_ptr, rn, ss_n, nmask, G: tl.constexpr, GATED: tl.constexpr, ASM: tl.constexpr
-    ):
+    def _int8_gemv_step(acc2, w, k0, x_row, K, s_ptr, rn, ss_n, nmask, G: tl.constexpr, ASM: tl.constexpr):
         """One K step of the int8 GEMV at ``k0``: ``w`` is its ``(BLOCK_N, BLOCK_K)`` weight tile.
 
         ``acc2`` is ``(BLOCK_N, BLOCK_K)`` products (per-row scale, applied after the loop) or, with
@@ -77,7 +74,7 @@ if triton is not None:
         BLOCK_K: tl.constexpr = w.shape[1]
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
-        x = _load_x(x_row + rk, kmask, K, GATED).to(tl.float32)  # (BLOCK_K,)
+        x = tl.load(x_row + rk, mask=kmask, other=0.0).to(tl.float32)  # (BLOCK_K,)
         qx = _int8_to_f32(w, ASM) * x[None, :]  # (BLOCK_N, BLOCK_K), exact products
         # NOTE(h7): one return at the end: the compiler visits code after an early one (the interpreter does not)
         if G == 0:
@@ -93,7 +90,7 @@ if triton is not None:
 
     @triton.jit
     def _int8_kernel(
-        x_ptr,  # (M, K) activations, or (M, 2K) [gate | up] when GATED
+        x_ptr,  # (M, K) activations
         w_ptr,  # (N, K) int8 weight
         s_ptr,  # (N,) per-row scales, or (N, K/G) per-group scales when G > 0
         out_ptr,  # (M, N) output
@@ -110,7 +107,7 @@ if triton is not None:
         so_m,  # row stride of out
         G: tl.constexpr,  # columns per scale; 0: one scale per row
         GEMV: tl.constexpr,  # FMA path (one row of x per program) instead of tl.dot
-        GATED: tl.constexpr,  # x is [gate | up]: multiply silu(gate) * up
+        GLU: tl.constexpr,  # w is [gate; up]: write silu(x @ gate.T) * (x @ up.T) (_tile_rows)
         BLOCK_M: tl.constexpr,  # rows per program on the tiled path
         BLOCK_N: tl.constexpr,  # output columns per program
         BLOCK_K: tl.constexpr,  # K per loop step: with G, GEMV a multiple of G, tiled a divisor of G
@@ -121,9 +118,8 @@ if triton is not None:
     ):
         # GEMV: one row per program, adjacent programs on the same weight tile (shared through L2)
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rn, nmask = _tile_rows(N, BLOCK_N, GLU)
         ks = tl.program_id(2)
-        nmask = rn < N
         mmask = rm < M
         if G == 0:
             # NOTE(h7): per-row scales are weights, which no earlier kernel writes: loaded here, before
@@ -142,12 +138,12 @@ if triton is not None:
                 w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
             pdl_enter(PDL)
             if PREFETCH:
-                acc2 = _int8_gemv_step(acc2, w, k_lo, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
+                acc2 = _int8_gemv_step(acc2, w, k_lo, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, ASM)
             k_first = k_lo + BLOCK_K * PREFETCH
             for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
                 w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
-                acc2 = _int8_gemv_step(acc2, w, k0, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, GATED, ASM)
+                acc2 = _int8_gemv_step(acc2, w, k0, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
             pdl_enter(PDL)
@@ -155,7 +151,7 @@ if triton is not None:
             for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
                 kmask = rk < K
-                x = _load_x(x_ptr + rm[:, None] * sx_m + rk[None, :], mmask[:, None] & kmask[None, :], K, GATED)
+                x = tl.load(x_ptr + rm[:, None] * sx_m + rk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
                 w = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
                 if G == 0:
                     wd = w.to(tl.float32) if DOT_F32 else w.to(x.dtype)
@@ -170,7 +166,7 @@ if triton is not None:
                     acc += tl.dot(x, tl.trans(wd))
         if G == 0:
             acc = acc * s[None, :]
-        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
+        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU)
 
     @triton.jit
     def _nibbles_f32(b, ASM: tl.constexpr):
@@ -227,7 +223,6 @@ if triton is not None:
         ss_n,
         nmask,
         G: tl.constexpr,
-        GATED: tl.constexpr,
         EXACT: tl.constexpr,
         ASM: tl.constexpr,
     ):
@@ -253,8 +248,8 @@ if triton is not None:
         rg = k0 // G + tl.arange(0, NG)
         gmask = nmask[:, None] & (rg < HI_GROUPS)[None, :]
         f_lo, f_hi = _nibbles_f32(b, ASM)
-        x_lo = _load_x(x_row + rk, kmask, 2 * K2, GATED).to(tl.float32)  # (BLOCK_K,)
-        x_hi = _load_x(x_row + K2 + rk, kmask, 2 * K2, GATED).to(tl.float32)
+        x_lo = tl.load(x_row + rk, mask=kmask, other=0.0).to(tl.float32)  # (BLOCK_K,)
+        x_hi = tl.load(x_row + K2 + rk, mask=kmask, other=0.0).to(tl.float32)
         if EXACT:
             f_lo, f_hi = f_lo - 1.0, f_hi - 1.0
         t_lo = tl.sum(tl.reshape(f_lo * x_lo[None, :], (BLOCK_N, NG, G)), axis=2)  # (BLOCK_N, NG)
@@ -272,7 +267,7 @@ if triton is not None:
 
     @triton.jit
     def _int4_kernel(
-        x_ptr,  # (M, K) activations, or (M, 2K) [gate | up] when GATED
+        x_ptr,  # (M, K) activations
         w_ptr,  # (N, K/2) uint8: column j low nibble, column j + K/2 high nibble
         s_ptr,  # (N, K/G) scales
         z_ptr,  # (N, K/G) zeros: w = (q - 8) * scale + zero
@@ -290,7 +285,7 @@ if triton is not None:
         so_m,  # row stride of out
         G: tl.constexpr,  # group size (columns per scale)
         GEMV: tl.constexpr,  # FMA path (one row of x per program) instead of tl.dot
-        GATED: tl.constexpr,  # x is [gate | up]: multiply silu(gate) * up
+        GLU: tl.constexpr,  # w is [gate; up]: write silu(x @ gate.T) * (x @ up.T) (_tile_rows)
         BLOCK_M: tl.constexpr,  # rows per program on the tiled path
         BLOCK_N: tl.constexpr,  # output columns per program
         BLOCK_K: tl.constexpr,  # bytes per loop step: GEMV a multiple of G, tiled a divisor of G
@@ -301,9 +296,8 @@ if triton is not None:
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rn, nmask = _tile_rows(N, BLOCK_N, GLU)
         ks = tl.program_id(2)
-        nmask = rn < N
         mmask = rm < M
         HI_GROUPS = K2 // G  # group index offset of the high half
         if GEMV:
@@ -321,12 +315,12 @@ if triton is not None:
                 b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
             pdl_enter_after_wait(PDL)
             if PREFETCH:
-                acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
+                acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
             k_first = k_lo + BLOCK_K * PREFETCH
             for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
                 b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
-                acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, GATED, EXACT, ASM)
+                acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
             pdl_enter_after_wait(PDL)
@@ -345,8 +339,8 @@ if triton is not None:
                 s_hi = tl.load(s_ptr + g_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)[:, None]
                 z_hi = tl.load(z_ptr + g_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)[:, None]
                 xmask = mmask[:, None] & kmask[None, :]
-                x_lo = _load_x(x_ptr + rm[:, None] * sx_m + rk[None, :], xmask, 2 * K2, GATED)
-                x_hi = _load_x(x_ptr + rm[:, None] * sx_m + K2 + rk[None, :], xmask, 2 * K2, GATED)
+                x_lo = tl.load(x_ptr + rm[:, None] * sx_m + rk[None, :], mask=xmask, other=0.0)
+                x_hi = tl.load(x_ptr + rm[:, None] * sx_m + K2 + rk[None, :], mask=xmask, other=0.0)
                 # the nibble in mantissa bits 19-22 of 1.0: f = 1 + q / 16, so w = 16 s f + z - 24 s (no I2F)
                 f_lo = (((b << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
                 f_hi = (((b << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
@@ -358,12 +352,11 @@ if triton is not None:
                 else:
                     acc += tl.dot(x_lo, tl.trans(w_lo.to(x_lo.dtype)))
                     acc += tl.dot(x_hi, tl.trans(w_hi.to(x_hi.dtype)))
-        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT)
+        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU)
 
 
-def _check_x(x: torch.Tensor, k: int, gated: bool) -> None:
-    cols = 2 * k if gated else k
-    check(x.dim() == 2 and x.shape[1] == cols, f"x must be (M, {cols}), got {tuple(x.shape)}")
+def _check_x(x: torch.Tensor, k: int) -> None:
+    check(x.dim() == 2 and x.shape[1] == k, f"x must be (M, {k}), got {tuple(x.shape)}")
     check_dtype("x", x, torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -383,47 +376,37 @@ def _check_step(group_size: int, cfg: Config) -> None:
         check(group_size % cfg.block_k == 0, f"tiled block_k {cfg.block_k} must divide group_size {group_size}")
 
 
-def _ungate_if_tiled(x: torch.Tensor, cfg: Config, gated: bool) -> tuple[torch.Tensor, bool]:
-    """The activation's own kernel first on the tiled path.
-
-    NOTE(gguf_native): fused into the tiled path, SiLU-and-mul ran in every program on every K
-    step (each x tile is reloaded by all N-tiles); the down projection at batch 4 took 68 us against
-    33.5 us unfused on the H100. On the GEMV path each x element is read once per row and tile.
-    """
-    if gated and cfg.path == "tiled":
-        return silu_and_mul(x), False
-    return x, gated
-
-
 def int8_matmul(
     x: torch.Tensor,
     qweight: torch.Tensor,
     scales: torch.Tensor,
     config: Config | None = None,
     *,
-    gated: bool = False,
+    glu: bool = False,
     group_size: int = 0,
 ) -> torch.Tensor:
     """``(M, K) @ (N, K).T -> (M, N)`` with an int8 weight, ``w = qweight * scale``.
 
     ``group_size`` 0: one scale per output row, ``scales (N,)`` (``reference.quantize_int8``);
     otherwise one per row and group of ``group_size`` columns, ``scales (N, K/G)`` (GGUF Q8_0 with
-    32). With ``gated``, x is ``(M, 2K)`` ``[gate | up]`` and the product is ``silu_and_mul(x) @ W.T``.
+    32). With ``glu``, W is ``[gate; up]`` and the result ``silu_and_mul(x @ W.T)``, ``(M, N/2)``.
 
     Raises:
         ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
     """
     check(qweight.dim() == 2, f"qweight must be (N, K), got {tuple(qweight.shape)}")
     n, k = qweight.shape
-    _check_x(x, k, gated)
+    _check_x(x, k)
     check_dtype("qweight", qweight, torch.int8)
     if group_size:
         _check_group(group_size)
     want = (n,) if group_size == 0 else (n, k // group_size)
     check(group_size == 0 or k % group_size == 0, f"K ({k}) must be a multiple of group_size ({group_size})")
     check(scales.shape == want, f"scales must be {want}, got {tuple(scales.shape)}")
+    check_glu_rows(n, glu)
     if not can_launch(x, qweight, scales):
-        return reference.int8_matmul(reference.silu_and_mul(x) if gated else x, qweight, scales)
+        y = reference.int8_matmul(x, qweight, scales)
+        return reference.silu_and_mul(y) if glu else y
     check_last_contiguous("x", x)
     check_last_contiguous("qweight", qweight)
     check(scales.is_contiguous(), "scales must be contiguous")
@@ -431,10 +414,9 @@ def int8_matmul(
     cfg = config or config_for(kind, x.shape[0], n, k, k, group_size, x.device)
     if group_size:
         _check_step(group_size, cfg)
-    x, gated = _ungate_if_tiled(x, cfg, gated)
     strides = (x.stride(0), qweight.stride(0), scales.stride(0) if group_size else 0)
     asm = x.is_cuda and not interpreting()
-    return launch(_int8_kernel, x, n, k, cfg, (qweight, scales), strides, gated, G=group_size, ASM=asm)
+    return launch(_int8_kernel, x, n, k, cfg, (qweight, scales), strides, glu, G=group_size, ASM=asm)
 
 
 def int4_matmul(
@@ -445,13 +427,13 @@ def int4_matmul(
     group_size: int,
     config: Config | None = None,
     *,
-    gated: bool = False,
+    glu: bool = False,
 ) -> torch.Tensor:
     """``(M, K) @ W.T -> (M, N)`` with a group-wise int4 weight in the ``reference.quantize_int4`` layout.
 
     Scales and zeros may be any float dtype (bf16 from ``quantize_int4``; fp16 scales and fp32
-    zeros from GGUF Q4_1 blocks). With ``gated``, x is ``(M, 2K)`` ``[gate | up]`` and the product
-    is ``silu_and_mul(x) @ W.T``.
+    zeros from GGUF Q4_1 blocks). With ``glu``, W is ``[gate; up]`` and the result
+    ``silu_and_mul(x @ W.T)``, ``(M, N/2)``.
 
     Raises:
         ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
@@ -459,7 +441,7 @@ def int4_matmul(
     check(packed.dim() == 2, f"packed must be (N, K/2), got {tuple(packed.shape)}")
     n, k2 = packed.shape
     k = 2 * k2
-    _check_x(x, k, gated)
+    _check_x(x, k)
     check_dtype("packed", packed, torch.uint8)
     _check_group(group_size)
     check(k2 % group_size == 0, f"K ({k}) must be a multiple of 2 * group_size ({2 * group_size})")
@@ -467,8 +449,10 @@ def int4_matmul(
         scales.shape == (n, k // group_size) and zeros.shape == scales.shape,
         f"scales and zeros must be ({n}, {k // group_size})",
     )
+    check_glu_rows(n, glu)
     if not can_launch(x, packed, scales, zeros):
-        return reference.int4_matmul(reference.silu_and_mul(x) if gated else x, packed, scales, zeros, group_size)
+        y = reference.int4_matmul(x, packed, scales, zeros, group_size)
+        return reference.silu_and_mul(y) if glu else y
     check_last_contiguous("x", x)
     check(
         packed.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous(),
@@ -476,10 +460,9 @@ def int4_matmul(
     )
     cfg = config or config_for("int4", x.shape[0], n, k, k2, group_size, x.device)
     _check_step(group_size, cfg)
-    x, gated = _ungate_if_tiled(x, cfg, gated)
     strides = (x.stride(0), packed.stride(0), scales.stride(0))
     exact = x.dtype == torch.float32
     asm = x.is_cuda and not interpreting()
     return launch(
-        _int4_kernel, x, n, k2, cfg, (packed, scales, zeros), strides, gated, G=group_size, EXACT=exact, ASM=asm
+        _int4_kernel, x, n, k2, cfg, (packed, scales, zeros), strides, glu, G=group_size, EXACT=exact, ASM=asm
     )

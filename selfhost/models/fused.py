@@ -4,7 +4,7 @@ Owns the kernel-backed pass of ``LlamaForCausalLM``: the residual add fused into
 rotary embedding fused with the KV-cache write, paged split-KV decode attention for one-token
 rows, paged prefill attention for multi-token rows (prefill and chunked prefill over cached
 prefix blocks; in a mixed batch each kind of row goes to its own kernel), and the matmuls through
-``Linear``, whose GEMV kernels apply SiLU-and-mul as they load the down projection's input. Where
+``Linear``, whose GEMV kernels apply SiLU-and-mul as they write gate_up's output (``glu``). Where
 the prefill kernel cannot launch (a head dim that is not a power of two), multi-token rows fall
 back to ``ops.prefill_attention`` (SDPA over the gathered context). Runs on CUDA, or on the CPU
 under ``TRITON_INTERPRET=1`` (tests). Does not own the weights or their names (``llama``), the
@@ -65,7 +65,7 @@ def forward(
         h, residual = rms_norm_residual(x, residual, layer.attn_norm, eps)
         x = _attention(layer.attn, h, positions, cos, sin, k_cache, v_cache, meta, decode_prefix)
         h, residual = rms_norm_residual(x, residual, layer.mlp_norm, eps)
-        x = layer.mlp.down(layer.mlp.gate_up(h), gated=True)
+        x = layer.mlp.down(layer.mlp.gate_up(h, glu=True))
     out, _ = rms_norm_residual(x, residual, model.norm, eps)
     return out
 

@@ -70,41 +70,47 @@ class Linear(nn.Module):
                 w += p.numel() * p.element_size()
         return w
 
-    def forward(self, x: torch.Tensor, *, gated: bool = False) -> torch.Tensor:
-        """``(M, in)`` -> ``(M, out)`` in ``x``'s dtype; with ``gated``, x is ``(M, 2 in)`` and ``silu_and_mul`` comes first."""
-        return self.project(x, gated=gated).to(x.dtype)
+    def forward(self, x: torch.Tensor, *, glu: bool = False) -> torch.Tensor:
+        """``(M, in)`` -> ``(M, out)`` in ``x``'s dtype; with ``glu``, ``silu_and_mul`` of that, ``(M, out / 2)``."""
+        return self.project(x, glu=glu).to(x.dtype)
 
-    def project(self, x: torch.Tensor, *, gated: bool = False) -> torch.Tensor:
+    def project(self, x: torch.Tensor, *, glu: bool = False) -> torch.Tensor:
         """``(M, in)`` -> ``(M, out)`` in the dtype the kernel returns: bf16 for the CPU int8/int4 kernels, else ``x``'s.
 
-        ``gated``: x is ``(M, 2 in)`` ``[gate | up]`` and the product is ``silu_and_mul(x) @ W.T``;
-        the GEMV kernels apply the activation as they load x, the other paths run it first.
+        ``glu``: the weight is ``[gate; up]`` and the result ``silu_and_mul`` of the product,
+        ``(M, out / 2)``; the Triton matmuls apply it as they write their tiles, the other paths
+        run it after.
 
         NOTE(crossway): the decoder's CPU path calls this, not ``forward``, so that a bf16 output
         feeding a residual add or the next bf16 kernel is not widened and rounded again: each dtype
         cast is a torch op, and at batch 1 the ops' count, not their size, sets the time.
         """
+        if glu and self.bias is not None:  # the bias goes in before the activation
+            return _silu_and_mul(self.project(x))
         qw = self.qweight
         if isinstance(qw, kernel_quant.KernelInt8Weight | kernel_quant.KernelInt4Weight):
-            y = kernel_quant.linear(x, qw, gated=gated)
+            y = kernel_quant.linear(x, qw, glu=glu)
         elif qw is not None:
-            y = quant.quantized_matmul(_silu_and_mul(x) if gated else x, qw)
+            y = quant.quantized_matmul(x, qw)
+            y = _silu_and_mul(y) if glu else y
         else:
             assert self.weight is not None  # noqa: S101 (narrowing)
             if not x.is_cuda:
-                return F.linear(_silu_and_mul(x) if gated else x, self.weight, self.bias)
+                y = F.linear(x, self.weight, self.bias)
+                return _silu_and_mul(y) if glu else y
             from kernels.dense_gemv import MODEL_ROWS, dense_gemv  # triton: only where it runs
 
             if x.shape[0] > MODEL_ROWS:
-                return F.linear(_silu_and_mul(x) if gated else x, self.weight, self.bias)
+                y = F.linear(x, self.weight, self.bias)
+                return _silu_and_mul(y) if glu else y
             # NOTE(h7): a Triton GEMV instead of cuBLAS at batch 1: it joins the programmatic
             # dependent launch chain of the other kernels and fuses SiLU-and-mul (SmolLM2 bf16
             # batch 1 on the H100: 1.036 ms a token with cuBLAS, 0.800 with it)
-            y = dense_gemv(x, self.weight, gated=gated)
+            y = dense_gemv(x, self.weight, glu=glu)
         return y if self.bias is None else y + self.bias
 
 
 def _silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    from kernels.activation import silu_and_mul  # triton: imported only where a gated input arrives
+    from kernels.activation import silu_and_mul  # triton: imported only where an activation runs
 
     return silu_and_mul(x)

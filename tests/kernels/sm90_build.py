@@ -88,39 +88,44 @@ def cases() -> list[Case]:
     mm = {"part_ptr": "*fp32", "cnt_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32"}
     gemv = {"GEMV": True, "DOT_F32": False, "ASM": True, "PDL": True}
     tiled = {"GEMV": False, "DOT_F32": False, "ASM": True, "PDL": True}
-    n, k = 4096, 14336
+    n, k = 4096, 14336  # the 8B down projection
+    gu_n, gu_k = 28672, 4096  # the 8B [gate; up], SiLU-and-mul applied as its tiles are written
     out = []
     for g in (0, 128):
         w8 = {**mm, "w_ptr": "*i8"}
         kind: Kind = "int8g" if g else "int8"
-        tile, warps, prefetch = _default(kind, 1, n, k, g)
-        c = {**gemv, **tile, "G": g, "GATED": True, "PREFETCH": prefetch}
-        out.append(Case(f"int8 gemv G={g}", quant_matmul._int8_kernel, c, w8, warps))
+        for rows, cols, glu in ((n, k, False), (gu_n, gu_k, True)):
+            tile, warps, prefetch = _default(kind, 1, rows, cols, g)
+            c = {**gemv, **tile, "G": g, "GLU": glu, "PREFETCH": prefetch}
+            out.append(Case(f"int8 gemv G={g} glu={glu}", quant_matmul._int8_kernel, c, w8, warps))
         tile, warps, _ = _default(kind, 64, n, k, g)
         out.append(
-            Case(f"int8 tiled G={g}", quant_matmul._int8_kernel, {**tiled, **tile, "G": g, "GATED": True}, w8, warps)
+            Case(f"int8 tiled G={g}", quant_matmul._int8_kernel, {**tiled, **tile, "G": g, "GLU": False}, w8, warps)
         )
-    for small_n, small_k, gated in ((960, 576, False), (576, 1536, True)):  # SmolLM2's int8 qkv and down
+    for small_n, small_k, glu in ((960, 576, False), (576, 1536, False), (3072, 576, True)):  # SmolLM2's int8
         tile, warps, prefetch = _default("int8", 1, small_n, small_k, 0)
-        c = {**gemv, **tile, "G": 0, "GATED": gated, "PREFETCH": prefetch}
+        c = {**gemv, **tile, "G": 0, "GLU": glu, "PREFETCH": prefetch}
         out.append(Case(f"int8 gemv {small_n}x{small_k}", quant_matmul._int8_kernel, c, {**mm, "w_ptr": "*i8"}, warps))
     w4 = {**mm, "w_ptr": "*u8"}
     tile, warps, _ = _default("int4", 1, n, k // 2, 128)
     for exact, prefetch in ((False, False), (True, False), (False, True)):  # int4 leaves the prefetch to tuning
-        c = {**gemv, **tile, "G": 128, "GATED": True, "EXACT": exact, "PREFETCH": prefetch}
+        c = {**gemv, **tile, "G": 128, "GLU": False, "EXACT": exact, "PREFETCH": prefetch}
         out.append(Case(f"int4 gemv exact={exact} prefetch={prefetch}", quant_matmul._int4_kernel, c, w4, warps))
+    tile, warps, prefetch = _default("int4", 1, gu_n, gu_k // 2, 128)
+    c = {**gemv, **tile, "G": 128, "GLU": True, "EXACT": False, "PREFETCH": prefetch}
+    out.append(Case("int4 gemv glu", quant_matmul._int4_kernel, c, w4, warps))
     for small_n, small_k in ((576, 1536), (49152, 576)):  # SmolLM2's down and LM head, GGUF's group of 32
         tile, warps, prefetch = _default("int4", 1, small_n, small_k // 2, 32)
-        c = {**gemv, **tile, "G": 32, "GATED": False, "EXACT": False, "PREFETCH": prefetch}
+        c = {**gemv, **tile, "G": 32, "GLU": False, "EXACT": False, "PREFETCH": prefetch}
         out.append(Case(f"int4 gemv {small_n}x{small_k}", quant_matmul._int4_kernel, c, w4, warps))
     tile, warps, _ = _default("int4", 64, n, k // 2, 128)
-    c = {**tiled, **tile, "G": 128, "GATED": True, "EXACT": False}
+    c = {**tiled, **tile, "G": 128, "GLU": False, "EXACT": False}
     out.append(Case("int4 tiled", quant_matmul._int4_kernel, c, w4, warps))
-    tile, warps, prefetch = _default("dense", 1, n, k, 0)
-    for gated in (False, True):
-        c = {**gemv, **tile, "GATED": gated, "PREFETCH": prefetch}
+    for rows, cols, glu in ((n, k, False), (gu_n, gu_k, True)):
+        tile, warps, prefetch = _default("dense", 1, rows, cols, 0)
+        c = {**gemv, **tile, "GLU": glu, "PREFETCH": prefetch}
         del c["ASM"]
-        out.append(Case(f"dense gated={gated}", dense_gemv._dense_gemv_kernel, c, mm, warps))
+        out.append(Case(f"dense glu={glu}", dense_gemv._dense_gemv_kernel, c, mm, warps))
     attn = {
         "part_out_ptr": "*fp32",
         "part_lse_ptr": "*fp32",

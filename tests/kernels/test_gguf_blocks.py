@@ -113,26 +113,24 @@ def test_group_wise_int8_rejects_scales_of_the_wrong_shape(device) -> None:
 
 
 @pytest.mark.parametrize("kind", ["int8", "int8g", "int4"])
-def test_tiled_gated_matmul_runs_the_activation_first_and_gemv_fuses_it(device, kind) -> None:
-    """Tiled + gated is exactly silu_and_mul then the plain tiled matmul; GEMV + gated agrees to rounding."""
-    m, n, k = (16, 1027, 2048) if ON_GPU else (5, 19, 128)
+def test_glu_on_gguf_blocks_is_the_matmul_then_silu_and_mul_on_both_paths(device, kind) -> None:
+    """``glu`` over a GGUF ``[gate; up]``: the GEMV applies it as it writes, the tiled path runs the activation after."""
+    m, n, k = (16, 2054, 2048) if ON_GPU else (5, 38, 128)
     tiled = Config("tiled", 64, 32, 2) if ON_GPU else Config("tiled", 16, 16, 2, block_m=16)
     gemv = Config("gemv", 32, 256, 2) if ON_GPU else Config("gemv", 16, 32, 2)
-    gate_up = torch.randn(m, 2 * k, dtype=torch.bfloat16, device=device)
-    x = silu_and_mul(gate_up)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
     if kind == "int4":
         tensors = tuple(t.to(device) for t in gguf_blocks.q4_1_to_int4(_gguf(n, k, Q4_1)[0]))
 
-        def matmul(a: torch.Tensor, cfg: Config, gated: bool) -> torch.Tensor:
-            return int4_matmul(a, *tensors, 32, config=cfg, gated=gated)
+        def matmul(a: torch.Tensor, cfg: Config, glu: bool) -> torch.Tensor:
+            return int4_matmul(a, *tensors, 32, config=cfg, glu=glu)
 
     else:
         group = 32 if kind == "int8g" else 0
         q, s = gguf_blocks.q8_0_to_int8(_gguf(n, k, Q8_0)[0]) if group else reference.quantize_int8(torch.randn(n, k))
 
-        def matmul(a: torch.Tensor, cfg: Config, gated: bool) -> torch.Tensor:
-            return int8_matmul(a, q.to(device), s.to(device), config=cfg, gated=gated, group_size=group)
+        def matmul(a: torch.Tensor, cfg: Config, glu: bool) -> torch.Tensor:
+            return int8_matmul(a, q.to(device), s.to(device), config=cfg, glu=glu, group_size=group)
 
-    assert torch.equal(matmul(gate_up, tiled, True), matmul(x, tiled, False))
-    ref = matmul(x, tiled, False)
-    assert _rel_err(matmul(gate_up[:1], gemv, True).cpu(), ref[:1].cpu()) < 1e-2
+    assert torch.equal(matmul(x, tiled, True), silu_and_mul(matmul(x, tiled, False)))
+    assert torch.equal(matmul(x[:1], gemv, True), silu_and_mul(matmul(x[:1], gemv, False)))

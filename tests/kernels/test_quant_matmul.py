@@ -112,40 +112,6 @@ def test_int8_matmul_rejects_float_weight(device):
         int8_matmul(torch.randn(1, 8, device=device), torch.randn(4, 8, device=device), torch.ones(4, device=device))
 
 
-GATED_CONFIGS = (
-    [None, Config("gemv", 32, 256, 4), Config("tiled", 64, 32, 2)]
-    if ON_GPU
-    else [Config("gemv", 16, 32, 2, prefetch=True), Config("tiled", 16, 16, 2, block_m=16)]
-)
-
-
-@pytest.mark.parametrize("config", GATED_CONFIGS)
-@pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_gated_matmul_equals_silu_and_mul_then_matmul(device, config, kind):
-    m, n, k = (1, 1027, 4096) if ON_GPU else (2, 17, 64)
-    group = 32 if ON_GPU else 16
-    gate_up = torch.randn(m, 2 * k, dtype=torch.bfloat16)
-    x = reference.silu_and_mul(gate_up)
-    w = torch.randn(n, k)
-    if kind == "int8":
-        qw, s = reference.quantize_int8(w)
-        out = int8_matmul(gate_up.to(device), qw.to(device), s.to(device), config=config, gated=True)
-        ref = reference.int8_matmul(x.float(), qw, s)
-    else:
-        packed, s, z = reference.quantize_int4(w, group)
-        tensors = (packed.to(device), s.to(device), z.to(device))
-        out = int4_matmul(gate_up.to(device), *tensors, group, config=config, gated=True)
-        ref = reference.int4_matmul(x.float(), packed, s, z, group)
-    assert out.shape == (m, n)
-    assert _rel_err(out.cpu(), ref) < 1e-2
-
-
-def test_int8_matmul_gated_rejects_ungated_width(device):
-    qw, s = reference.quantize_int8(torch.randn(8, 16))
-    with pytest.raises(ValueError, match="x must be \\(M, 32\\)"):
-        int8_matmul(torch.randn(1, 16, device=device), qw.to(device), s.to(device), gated=True)
-
-
 def test_split_k_repeats_bit_exactly_and_leaves_counters_at_zero(device):
     """The in-launch split-K reduction sums in split order and resets its counters for the next launch."""
     from kernels import _common
@@ -205,3 +171,55 @@ def test_gemv_gives_the_same_bits_with_the_first_weight_tile_loaded_before_the_w
         run = lambda cfg: int4_matmul(x, packed, sc, z, 32, cfg)  # noqa: E731
     bk, split = (256, 4) if ON_GPU else (32, 2)
     assert torch.equal(run(Config("gemv", 16, bk, split, prefetch=True)), run(Config("gemv", 16, bk, split)))
+
+
+GLU_CONFIGS = (
+    [None, Config("gemv", 2, 1024, 1, num_warps=2), Config("gemv", 16, 256, 4), Config("tiled", 64, 32, 2)]
+    if ON_GPU
+    else [
+        None,
+        Config("gemv", 16, 32, 2, prefetch=True),
+        Config("gemv", 2, 16, 1),
+        Config("tiled", 16, 16, 1, block_m=16),
+        Config("tiled", 16, 16, 3, block_m=16),
+    ]
+)
+
+
+@pytest.mark.parametrize("config", GLU_CONFIGS)
+@pytest.mark.parametrize("kind", ["int8", "int8g", "int4"])
+def test_glu_matmul_equals_the_matmul_then_silu_and_mul_bit_for_bit(device, config, kind):
+    """``glu`` writes silu(gate) * up of a ``[gate; up]`` weight's product; I odd, so tiles straddle its end."""
+    from kernels.activation import silu_and_mul
+
+    m, i, k = (3, 1027, 4096) if ON_GPU else (3, 17, 64)
+    group = 32 if ON_GPU else 16
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    w = torch.randn(2 * i, k)
+    if kind == "int4":
+        tensors = tuple(t.to(device) for t in reference.quantize_int4(w, group))
+        out = int4_matmul(x, *tensors, group, config=config, glu=True)
+        ref = silu_and_mul(int4_matmul(x, *tensors, group, config=config))
+    else:
+        g = group if kind == "int8g" else 0
+        qw, s = (t.to(device) for t in (_int8_groups(w, g) if g else reference.quantize_int8(w)))
+        out = int8_matmul(x, qw, s, config=config, glu=True, group_size=g)
+        ref = silu_and_mul(int8_matmul(x, qw, s, config=config, group_size=g))
+    assert out.shape == (m, i)
+    assert torch.equal(out, ref)
+
+
+def _int8_groups(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group symmetric int8 (GGUF Q8_0's form): ``(N, K)`` int8 and ``(N, K / group)`` scales."""
+    g = w.view(w.shape[0], -1, group)  # (N, K / group, group)
+    s = g.abs().amax(-1) / 127
+    return (g / s[..., None]).round().to(torch.int8).view_as(w), s.to(torch.bfloat16)
+
+
+def test_glu_rejects_an_odd_number_of_weight_rows_or_a_tile_of_them(device):
+    qw, s = (t.to(device) for t in reference.quantize_int8(torch.randn(9, 16)))
+    with pytest.raises(ValueError, match="even number of weight rows"):
+        int8_matmul(torch.randn(1, 16, device=device), qw, s, glu=True)
+    qw, s = (t.to(device) for t in reference.quantize_int8(torch.randn(8, 16)))
+    with pytest.raises(ValueError, match="even block_n"):
+        int8_matmul(torch.randn(1, 16, device=device), qw, s, Config("gemv", 3, 16, 1), glu=True)
