@@ -28,3 +28,21 @@ def test_host_step_bench_through_the_async_front_stops_when_the_workload_ends_fi
     with pytest.raises(RuntimeError, match="the workload ended after"):
         host_step.measure(requests=2, windows=2, steps=600, kv_gib=1, through_async=True)
     assert engine_module.PendingSample is sampling.PendingSample
+
+
+def test_headroom_step_spread_separates_slow_steps_and_counts_collector_passes():
+    """``bench.host_headroom`` (GPU) summarises a window's steps on the host side: checked here with made-up times."""
+    from bench.host_headroom import step_spread
+
+    walls = [0.002] * 9 + [0.010]
+    cpus = [0.002] * 9 + [0.0025]  # the slow step was mostly off the CPU
+    spread = step_spread(walls, cpus, [(0, 0.0001), (0, 0.0003), (2, 0.15)])
+    assert spread["p50_ms"] == pytest.approx(2.0)
+    assert spread["max_ms"] == pytest.approx(10.0)
+    assert spread["slow_steps"] == 1
+    assert spread["slow_steps_ms"] == pytest.approx(10.0)
+    assert spread["slow_steps_cpu_share"] == pytest.approx(0.25)
+    assert spread["gc"]["0"] == {"count": 2, "total_ms": pytest.approx(0.4), "max_ms": pytest.approx(0.3)}
+    assert spread["gc"]["2"]["max_ms"] == pytest.approx(150.0)
+    even = step_spread([0.002] * 5, [0.002] * 5, [])
+    assert even["slow_steps"] == 0 and even["slow_steps_cpu_share"] is None and even["gc"] == {}
