@@ -45,7 +45,7 @@ if triton is not None:
     def _dense_gemv_kernel(
         x_ptr,  # (M, K) activations
         w_ptr,  # (N, K) float weight
-        out_ptr,  # (M, N) output
+        out_ptr,  # (M, N) output; (M, N / 2) with GLU
         part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
         cnt_ptr,  # per-tile arrival counters, zero between launches
         M,  # rows of x

@@ -93,7 +93,7 @@ if triton is not None:
         x_ptr,  # (M, K) activations
         w_ptr,  # (N, K) int8 weight
         s_ptr,  # (N,) per-row scales, or (N, K/G) per-group scales when G > 0
-        out_ptr,  # (M, N) output
+        out_ptr,  # (M, N) output; (M, N / 2) with GLU
         part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
         cnt_ptr,  # per-tile arrival counters, zero between launches
         M,  # rows of x
@@ -116,6 +116,7 @@ if triton is not None:
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
+        tl.static_assert(GEMV or not GLU, "the tiled path runs silu_and_mul after its plain tiles (launch)")
         # GEMV: one row per program, adjacent programs on the same weight tile (shared through L2)
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn, nmask = _tile_rows(N, BLOCK_N, GLU)
@@ -271,7 +272,7 @@ if triton is not None:
         w_ptr,  # (N, K/2) uint8: column j low nibble, column j + K/2 high nibble
         s_ptr,  # (N, K/G) scales
         z_ptr,  # (N, K/G) zeros: w = (q - 8) * scale + zero
-        out_ptr,  # (M, N) output
+        out_ptr,  # (M, N) output; (M, N / 2) with GLU
         part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
         cnt_ptr,  # per-tile arrival counters, zero between launches
         M,  # rows of x
@@ -295,6 +296,7 @@ if triton is not None:
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
+        tl.static_assert(GEMV or not GLU, "the tiled path runs silu_and_mul after its plain tiles (launch)")
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn, nmask = _tile_rows(N, BLOCK_N, GLU)
         ks = tl.program_id(2)

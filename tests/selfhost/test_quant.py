@@ -91,6 +91,20 @@ def test_quantized_linear_layer_keeps_its_bias_and_shrinks() -> None:
     _close(layer(x), ref)
 
 
+@pytest.mark.parametrize("mode", ["none", "int8"])
+def test_glu_linear_adds_its_bias_before_the_activation(mode: str) -> None:
+    """``glu``: ``silu(gate) * up`` of ``[gate; up]`` rows, each half with its own bias, float or quantized."""
+    layer = Linear(64, 48, bias=True)
+    torch.nn.init.normal_(layer.weight)  # type: ignore[arg-type]
+    torch.nn.init.normal_(layer.bias)  # type: ignore[arg-type]
+    x = torch.randn(5, 64)
+    gate, up = layer(x).chunk(2, dim=-1)  # 2 x (5, 24)
+    layer.quantize(mode)  # type: ignore[arg-type]
+    out = layer(x, glu=True)
+    assert out.shape == (5, 24)
+    _close(out, torch.nn.functional.silu(gate) * up)
+
+
 def test_config_rejects_unknown_quantization_and_mismatched_model(smollm2: Loaded) -> None:
     with pytest.raises(ValueError, match="quantization"):
         EngineConfig(quantization="int3")  # type: ignore[arg-type]
