@@ -13,6 +13,7 @@ import enum
 import time
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
 import torch
 
 from selfhost.block_hash import extend_block_hashes
@@ -110,6 +111,12 @@ class Request:
     def num_output_tokens(self) -> int:
         """Generated tokens so far."""
         return len(self.all_token_ids) - self.num_prompt_tokens
+
+    def token_id_array(self, start: int, end: int) -> np.ndarray:
+        """``all_token_ids[start:end]`` (all known) as int64, read from the packed prompt where it covers them."""
+        if end * 4 <= len(self._packed_prompt):
+            return np.frombuffer(self._packed_prompt, dtype="<i4", count=end - start, offset=start * 4).astype(np.int64)
+        return np.array(self.all_token_ids[start:end], dtype=np.int64)
 
     def append_output_token(self, token_id: int) -> None:
         """Record a sampled token; ``num_tokens`` grows by one, so the next step computes it."""

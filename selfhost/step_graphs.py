@@ -201,9 +201,9 @@ class StepGraphs:
     @torch.inference_mode()
     def run(
         self,
-        ids: Sequence[int],
-        positions: Sequence[int],
-        slots: Sequence[int],
+        ids: Sequence[int] | np.ndarray,
+        positions: Sequence[int] | np.ndarray,
+        slots: Sequence[int] | np.ndarray,
         query_starts: Sequence[int],
         seq_lens: Sequence[int],
         tables: Sequence[Sequence[int]],

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 (the torch convention)
 
@@ -75,9 +76,11 @@ class AttentionMetadata:
     """(W,) int64: the rows whose slot is not -1, when some are (``write_kv`` takes only these); else None."""
 
 
-def upload(values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list as a device tensor, copied behind the work already queued (no wait for it on a GPU)."""
-    host = torch.tensor(values, dtype=dtype)
+def upload(
+    values: Sequence[int] | Sequence[float] | np.ndarray, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """A host list or array as a device tensor, copied behind the work already queued (no wait for it on a GPU)."""
+    host = torch.as_tensor(values, dtype=dtype) if isinstance(values, np.ndarray) else torch.tensor(values, dtype=dtype)
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
@@ -89,7 +92,7 @@ def build_attention_metadata(
     block_tables: list[list[int]],
     block_size: int,
     device: torch.device,
-    slots: list[int] | None = None,
+    slots: list[int] | np.ndarray | None = None,
 ) -> AttentionMetadata:
     """Turn per-sequence offsets, context lengths and block tables into the step's index tensors.
 
@@ -133,13 +136,12 @@ def build_attention_metadata(
     # NOTE(crossway): an additive float mask, built once per step: SDPA would turn a bool mask
     # into this in every layer.
     mask = torch.zeros(pad.shape, device=device).masked_fill_(pad, float("-inf"))
-    if slots is not None:
-        new_slots = slots
+    slot_array = np.asarray(new_slots if slots is None else slots, dtype=np.int64)  # (N,)
     written = None
-    if new_slots and min(new_slots) < 0:
-        written = upload([i for i, slot in enumerate(new_slots) if slot >= 0], torch.long, device)
+    if slot_array.size and slot_array.min() < 0:
+        written = upload(np.flatnonzero(slot_array >= 0), torch.long, device)
     return AttentionMetadata(
-        slot_mapping=upload(new_slots, torch.long, device),
+        slot_mapping=upload(slot_array, torch.long, device),
         decode_rows=upload(decode_rows, torch.long, device),
         decode_blocks=upload(padded, torch.long, device),
         decode_mask=mask[:, None, None, :],  # (D, 1, 1, Bmax * bs)
