@@ -188,6 +188,18 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
 if triton is not None:
 
     @triton.jit
+    def _program_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GEMV: tl.constexpr, GLU: tl.constexpr):
+        """This program's rows of x and weight rows, each with its mask: ``(rm, mmask, rn, nmask)``.
+
+        GEMV: one row of x a program, adjacent programs on the same weight tile (shared through L2).
+        The weight rows are ``_tile_rows``'.
+        """
+        tl.static_assert(GEMV or not GLU, "the tiled path runs silu_and_mul after its plain tiles (launch)")
+        rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn, nmask = _tile_rows(N, BLOCK_N, GLU)
+        return rm, rm < M, rn, nmask
+
+    @triton.jit
     def _tile_rows(N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
         """The weight rows of ``program_id(1)``'s tile and their mask.
 

@@ -33,7 +33,7 @@ and 612.9 for cuBLAS."""
 
 if triton is not None:
     from kernels._common import pdl_enter
-    from kernels._matmul_launch import _store_tile, _tile_rows
+    from kernels._matmul_launch import _program_tile, _store_tile
 
     @triton.jit
     def _dense_step(acc2, w, x_row, rk, K):
@@ -65,8 +65,7 @@ if triton is not None:
         PREFETCH: tl.constexpr = False,  # load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        rm = tl.program_id(0) + tl.zeros((1,), tl.int32)
-        rn, nmask = _tile_rows(N, BLOCK_N, GLU)
+        rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU)
         k_lo = tl.program_id(2) * K_SPLIT
         w_ptrs = w_ptr + rn[:, None] * sw_n
         # per-column partial sums, reduced once after the loop: the same order for every row and batch
@@ -87,7 +86,7 @@ if triton is not None:
             w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
             acc2 = _dense_step(acc2, w, x_ptr + rm * sx_m, rk, K)
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
-        _store_tile(acc, rm, rn, rm < M, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU)
+        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU)
 
 
 def dense_gemv(

@@ -29,7 +29,7 @@ __all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set
 
 if triton is not None:
     from kernels._common import pdl_enter, pdl_enter_after_wait
-    from kernels._matmul_launch import _store_tile, _tile_rows
+    from kernels._matmul_launch import _program_tile, _store_tile
 
     @triton.jit
     def _int8_to_f32(w, ASM: tl.constexpr):
@@ -116,12 +116,8 @@ if triton is not None:
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        tl.static_assert(GEMV or not GLU, "the tiled path runs silu_and_mul after its plain tiles (launch)")
-        # GEMV: one row per program, adjacent programs on the same weight tile (shared through L2)
-        rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn, nmask = _tile_rows(N, BLOCK_N, GLU)
+        rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU)
         ks = tl.program_id(2)
-        mmask = rm < M
         if G == 0:
             # NOTE(h7): per-row scales are weights, which no earlier kernel writes: loaded here, before
             # the PDL wait, and not after the loop, where their DRAM round trip stood between each
@@ -296,11 +292,8 @@ if triton is not None:
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        tl.static_assert(GEMV or not GLU, "the tiled path runs silu_and_mul after its plain tiles (launch)")
-        rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn, nmask = _tile_rows(N, BLOCK_N, GLU)
+        rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU)
         ks = tl.program_id(2)
-        mmask = rm < M
         HI_GROUPS = K2 // G  # group index offset of the high half
         if GEMV:
             # NOTE(h7): PREFETCH peels the first step, which doubled this kernel's registers (16 x 512
