@@ -57,6 +57,35 @@ async def test_a_closed_replica_withdraws_its_counts_at_once(redis_prefix):  # n
     assert b.stats[KEY].elsewhere == 0
 
 
+async def test_closing_waits_for_the_sync_in_flight_without_cancelling_it(redis_prefix):  # noqa: F811
+    """A cancellation swallowed inside a Redis command once kept the sync loop (and shutdown) going."""
+    client, prefix = redis_prefix
+    (share,) = _replicas(client, prefix, 1, interval_s=0.01)
+    in_sync = asyncio.Event()
+    syncs: list[str] = []
+    real_sync = share.sync
+
+    async def slow_sync() -> None:
+        in_sync.set()
+        try:
+            await asyncio.sleep(0.1)
+        except asyncio.CancelledError:  # what redis-py did with a cancellation mid-command
+            syncs.append("cancelled")
+        await real_sync()
+        syncs.append("done")
+
+    share.sync = slow_sync  # type: ignore[method-assign]
+    await share.start()  # its own first sync
+    in_sync.clear()
+    await in_sync.wait()  # the background loop's sync is under way
+    closing = asyncio.ensure_future(share.aclose())
+    done, _ = await asyncio.wait({closing}, timeout=2.0)  # not wait_for: it would wait for a cancellation too
+    assert done, "aclose did not return: the sync loop went on"
+    assert share._task is not None and share._task.done()
+    assert "cancelled" not in syncs and syncs[-1] == "done"
+    assert not await client.exists(f"{prefix}:inflight:{share.replica}")  # withdrawn after the last sync
+
+
 async def test_the_background_sync_keeps_counts_current(redis_prefix):  # noqa: F811
     client, prefix = redis_prefix
     a, b = _replicas(client, prefix, 2, interval_s=0.02)
