@@ -114,9 +114,9 @@ def create_app(settings: Settings) -> Litestar:
         try:
             yield
         finally:
-            # NOTE: a replica twice failed to stop within 20 s of SIGINT in CI (2026-11-26 and -27),
-            # its event loop idle, with no trace of which close it awaited; each close but the
-            # ledger's is now bounded and each step logged, so shutdown ends and says where it stuck
+            # NOTE: each close but the ledger's is bounded and each step logged, so a stuck close
+            # cannot keep the replica from stopping, and the log names it (InFlightShare.aclose once
+            # hung so, on a cancellation swallowed inside a Redis command: see gateway.inflight)
             log.info("gateway_stopping")
             await closing("watcher", watcher.aclose())
             if inflight is not None:
