@@ -69,10 +69,10 @@ class InFlightShare:
     async def aclose(self) -> None:
         """Stop syncing and withdraw this replica's counts at once (they would lapse after ``ttl_s``).
 
-        NOTE(h4): the loop is told to stop and awaited, not cancelled. A cancellation that lands
-        inside a Redis command can be swallowed there (redis-py 8.1 under uvloop): the loop then went
-        on syncing, and the replica's shutdown hung until something cancelled it again (4 of 25 runs
-        of tests/gateway/e2e/test_policy_replicas.py before this change).
+        NOTE(h4): the loop is told to stop and awaited, not cancelled. A cancellation that landed
+        in a sync's Redis calls was sometimes lost there (redis-py 8.1 under uvloop; where exactly
+        was not traced): the loop went on syncing, and the replica's shutdown hung until something
+        cancelled it again (4 of 25 runs of tests/gateway/e2e/test_policy_replicas.py before this change).
         """
         self._stop.set()
         if self._task is not None:
