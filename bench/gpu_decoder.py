@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (the torch convention)
 
 from kernels import reference
-from kernels.activation import silu_and_mul
+from kernels._matmul_launch import finish_unfused
 from kernels.argmax import argmax
 from kernels.dense_gemv import MODEL_ROWS, dense_gemv
 from kernels.paged_attention import paged_decode_attention
 from kernels.quant_matmul import int4_matmul, int8_matmul
 from kernels.rmsnorm import rms_norm_residual
-from kernels.rope_kv import rope_write_kv
+from kernels.rope_kv import RopeKV
 
 Mode = Literal["bf16", "cublas", "int8", "int4"]
 """Weight format of the linears; ``cublas`` is bf16 through ``F.linear`` at every batch size."""
@@ -83,16 +83,15 @@ class QLinear:
         """Bytes one pass reads."""
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
-    def __call__(self, x: torch.Tensor, glu: bool = False) -> torch.Tensor:
-        """``(M, K) -> (M, N)``; with ``glu``, W is ``[gate; up]`` and the result ``silu_and_mul`` of that, ``(M, N / 2)``."""
+    def __call__(self, x: torch.Tensor, glu: bool = False, rope: RopeKV | None = None) -> torch.Tensor:
+        """``(M, K) -> (M, N)``; with ``glu`` or ``rope``, that epilogue's output (``selfhost.models.linear``)."""
         if self.mode == "bf16" and x.shape[0] <= MODEL_ROWS:
-            return dense_gemv(x, self.tensors[0], glu=glu)
+            return dense_gemv(x, self.tensors[0], glu=glu, rope=rope)
         if self.mode in ("bf16", "cublas"):
-            y = F.linear(x, self.tensors[0])
-            return silu_and_mul(y) if glu else y
+            return finish_unfused(F.linear(x, self.tensors[0]), glu, rope)
         if self.mode == "int8":
-            return int8_matmul(x, self.tensors[0], self.tensors[1], glu=glu)
-        return int4_matmul(x, self.tensors[0], self.tensors[1], self.tensors[2], self.group, glu=glu)
+            return int8_matmul(x, self.tensors[0], self.tensors[1], glu=glu, rope=rope)
+        return int4_matmul(x, self.tensors[0], self.tensors[1], self.tensors[2], self.group, glu=glu, rope=rope)
 
 
 class Decoder:
@@ -129,7 +128,8 @@ class Decoder:
         self.torch_argmax = False
         """Pick with ``torch.argmax`` instead of ``kernels.argmax`` (the baseline it replaced)."""
         self.skip: frozenset[str] = frozenset()
-        """Kernels left out of the step (``"norm"``, ``"rope"``): timing bounds of a fusion only, the ids are then meaningless."""
+        """Work left out of the step (``"norm"``: the norms' launches, ``"rope"``: the qkv GEMV's rotary
+        and KV write): timing bounds of a fusion only, the ids are then meaningless."""
 
     def linear_bytes(self) -> int:
         """Bytes of all linear weights (the LM head included): what one decode step must read."""
@@ -145,18 +145,17 @@ class Decoder:
         """One decode token per row: reads ``st.ids`` etc., writes the greedy next ids and advances the state."""
         s = self.s
         b = st.ids.shape[0]
-        q_size, kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        q_size = s.heads * s.head_dim
         x = F.embedding(st.ids, self.embed)  # (b, C)
         res: torch.Tensor | None = None
         norm = "norm" not in self.skip
         for layer, (kc, vc) in zip(self.layers, st.kv, strict=True):
             h, res = rms_norm_residual(x, res, layer.attn_norm, s.eps) if norm else (x, x)
-            qkv = layer.qkv(h)  # (b, (nh + 2 nkv) hd)
-            qv = qkv[:, :q_size].view(b, s.heads, s.head_dim)
-            kv_k = qkv[:, q_size : q_size + kv_size].view(b, s.kv_heads, s.head_dim)
-            kv_v = qkv[:, q_size + kv_size :].view(b, s.kv_heads, s.head_dim)
-            if "rope" not in self.skip:
-                rope_write_kv(qv, kv_k, kv_v, st.positions, self.cos, self.sin, kc, vc, st.slots)
+            if "rope" in self.skip:
+                qv = layer.qkv(h)[:, :q_size].view(b, s.heads, s.head_dim)
+            else:
+                rope = RopeKV(st.positions, self.cos, self.sin, kc, vc, st.slots)
+                qv = layer.qkv(h, rope=rope).view(b, s.heads, s.head_dim)  # the new keys, values in the caches
             o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5)  # (b, nh, hd)
             x = layer.o(o.view(b, q_size))
             h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps) if norm else (x, x)

@@ -3,9 +3,10 @@
 
 Owns ``Config`` and the config table (``set_config``), the default config per shape, the Triton
 helpers the matmul kernels share (a tile's weight rows; storing a tile, with split-K finished in
-the same launch and, for a ``[gate; up]`` weight, SiLU-and-mul applied) and ``launch``. Does not own the
-kernels' inner loops nor the weight formats (``kernels.quant_matmul``, ``kernels.dense_gemv``,
-``kernels.reference``).
+the same launch and an epilogue applied: SiLU-and-mul for a ``[gate; up]`` weight, rotary and the
+KV-cache write for a qkv one) and ``launch``. Does not own the kernels' inner loops, the weight
+formats (``kernels.quant_matmul``, ``kernels.dense_gemv``, ``kernels.reference``) nor the rotary
+semantics (``kernels.rope_kv``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from kernels._common import arrival_counters, dot_in_fp32, num_sms, pdl_args, tl, triton
 from kernels.activation import silu_and_mul
+from kernels.rope_kv import RopeKV
 
 GEMV_MAX_ROWS = 4
 """Rows of ``x`` up to which the GEMV path can be the default (``_gemv_default``)."""
@@ -186,30 +188,43 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
 
 
 if triton is not None:
+    from kernels.rope_kv import _rope_write_tile
+
+    # NOTE(h7): every matmul kernel takes the rotary epilogue's arguments after its output stride,
+    # ``pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN``, and ``ROPE`` (half the
+    # head dim; 0: no rotary), and hands them to ``_store_tile`` (``launch`` fills them)
 
     @triton.jit
-    def _program_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GEMV: tl.constexpr, GLU: tl.constexpr):
+    def _program_tile(
+        M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GEMV: tl.constexpr, GLU: tl.constexpr, ROPE: tl.constexpr
+    ):
         """This program's rows of x and weight rows, each with its mask: ``(rm, mmask, rn, nmask)``.
 
         GEMV: one row of x a program, adjacent programs on the same weight tile (shared through L2).
         The weight rows are ``_tile_rows``'.
         """
-        tl.static_assert(GEMV or not GLU, "the tiled path runs silu_and_mul after its plain tiles (launch)")
+        tl.static_assert(GEMV or not (GLU or ROPE), "the tiled path runs its epilogues after its plain tiles (launch)")
         rm = tl.program_id(0) + tl.zeros((1,), tl.int32) if GEMV else tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn, nmask = _tile_rows(N, BLOCK_N, GLU)
+        rn, nmask = _tile_rows(N, BLOCK_N, GLU, ROPE)
         return rm, rm < M, rn, nmask
 
     @triton.jit
-    def _tile_rows(N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+    def _tile_rows(N, BLOCK_N: tl.constexpr, GLU: tl.constexpr, ROPE: tl.constexpr):
         """The weight rows of ``program_id(1)``'s tile and their mask.
 
         With GLU the weight is ``[gate; up]`` (N = 2I rows) and the tile takes gate row j and up row
         j + I in turn, BLOCK_N / 2 of each, so that ``_store_tile`` finds both halves of its outputs.
+        With ROPE (half a head, the weight ``[q; k; v]`` heads) it takes each head's row d and row
+        d + ROPE in turn, the two columns that rotary mixes.
         """
         r = tl.arange(0, BLOCK_N)
         if GLU:
             j = tl.program_id(1) * (BLOCK_N // 2) + r // 2
             rn = j + (r % 2) * (N // 2)
+            nmask = j < N // 2
+        elif ROPE:
+            j = tl.program_id(1) * (BLOCK_N // 2) + r // 2
+            rn = (j // ROPE) * (2 * ROPE) + j % ROPE + (r % 2) * ROPE
             nmask = j < N // 2
         else:
             rn = tl.program_id(1) * BLOCK_N + r
@@ -217,14 +232,43 @@ if triton is not None:
         return rn, nmask
 
     @triton.jit
-    def _write_tile(acc, rm, mmask, out_ptr, so_m, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
-        """Store a finished ``(rows, BLOCK_N)`` fp32 tile of ``program_id(1)``; with GLU, ``silu(gate) * up`` of its pairs.
+    def _write_tile(
+        acc, rm, mmask, out_ptr, so_m, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr,
+        pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE: tl.constexpr,
+    ):  # fmt: skip
+        """Store a finished ``(rows, BLOCK_N)`` fp32 tile of ``program_id(1)`` with its epilogue.
 
-        GLU rounds gate and up to the output's dtype first and the product once, as the unfused
-        ``[gate | up]`` output followed by ``kernels.activation.silu_and_mul`` does, bit for bit.
+        GLU: ``silu(gate) * up`` of its pairs, gate and up rounded to the output's dtype first and
+        the product once, as the unfused ``[gate | up]`` output followed by
+        ``kernels.activation.silu_and_mul`` does, bit for bit. ROPE: its pairs rounded to the
+        output's dtype, then ``kernels.rope_kv._rope_write_tile`` (queries to ``out``, keys and values
+        to the caches).
         """
         dt = out_ptr.dtype.element_ty
-        if GLU:
+        if ROPE:
+            pairs: tl.constexpr = BLOCK_N // 2
+            a, b = tl.split(tl.reshape(acc.to(dt).to(tl.float32), (acc.shape[0], pairs, 2)))  # (rows, BLOCK_N / 2)
+            j = tl.program_id(1) * pairs + tl.arange(0, pairs)
+            _rope_write_tile(
+                a,
+                b,
+                j,
+                rm,
+                mmask,
+                out_ptr,
+                so_m,
+                pos_ptr,
+                slot_ptr,
+                cos_ptr,
+                sin_ptr,
+                kc_ptr,
+                vc_ptr,
+                s_cos,
+                QN,
+                KVN,
+                ROPE,
+            )
+        elif GLU:
             half: tl.constexpr = BLOCK_N // 2
             g, u = tl.split(tl.reshape(acc.to(dt).to(tl.float32), (acc.shape[0], half, 2)))  # (rows, BLOCK_N / 2)
             y = g / (1.0 + tl.exp(-g)) * u
@@ -239,7 +283,10 @@ if triton is not None:
             )
 
     @triton.jit
-    def _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, sp_s, cnt_ptr, N, NSPLIT, GLU: tl.constexpr):
+    def _store_tile(
+        acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, sp_s, cnt_ptr, N, NSPLIT, GLU: tl.constexpr,
+        pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE: tl.constexpr,
+    ):  # fmt: skip
         """Write a finished ``(rows, BLOCK_N)`` fp32 tile, reducing split-K in the same launch.
 
         Without split-K the tile goes straight to ``out`` (``_write_tile``). With it, each program
@@ -250,7 +297,10 @@ if triton is not None:
         """
         BLOCK_N: tl.constexpr = acc.shape[1]
         if NSPLIT == 1:
-            _write_tile(acc, rm, mmask, out_ptr, so_m, N, BLOCK_N, GLU)
+            _write_tile(
+                acc, rm, mmask, out_ptr, so_m, N, BLOCK_N, GLU,
+                pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
+            )  # fmt: skip
         else:
             omask = mmask[:, None] & nmask[None, :]
             p_off = rm[:, None] * N + rn[None, :]
@@ -264,14 +314,28 @@ if triton is not None:
                 for s in range(NSPLIT):
                     # .cg: other multiprocessors wrote these; skip this one's L1
                     tot += tl.load(part_ptr + s * sp_s + p_off, mask=omask, other=0.0, cache_modifier=".cg")
-                _write_tile(tot, rm, mmask, out_ptr, so_m, N, BLOCK_N, GLU)
+                _write_tile(
+                    tot, rm, mmask, out_ptr, so_m, N, BLOCK_N, GLU,
+                    pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
+                )  # fmt: skip
                 tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
-def check_glu_rows(n: int, glu: bool) -> None:
-    """Raise unless a ``glu`` weight's ``n`` rows can be ``[gate; up]``."""
+def check_epilogue(x: torch.Tensor, n: int, glu: bool, rope: RopeKV | None) -> None:
+    """Raise unless a matmul of ``x`` with ``n`` weight rows can take its epilogue: ``glu`` (``[gate; up]``) or ``rope``."""
     if glu and n % 2:
         raise ValueError(f"glu needs an even number of weight rows ([gate; up]), got {n}")
+    if rope is not None:
+        if glu:
+            raise ValueError("a matmul takes glu or rope, not both")
+        rope.check(x.shape[0], n)
+
+
+def finish_unfused(y: torch.Tensor, glu: bool, rope: RopeKV | None) -> torch.Tensor:
+    """A plain ``(M, N)`` product's epilogue as its own launches: ``silu_and_mul``, or ``rope.apply``."""
+    if glu:
+        return silu_and_mul(y)
+    return rope.apply(y) if rope is not None else y
 
 
 def launch(
@@ -283,27 +347,33 @@ def launch(
     tensors: tuple[torch.Tensor, ...],
     strides: tuple[int, ...],
     glu: bool,
+    rope: RopeKV | None = None,
     **constexprs: int,
 ) -> torch.Tensor:
     """Run ``kernel`` over the grid ``cfg`` asks for; split-K partials are reduced inside the launch.
 
     ``k_cols`` is the K extent the kernel iterates (packed bytes per half for int4). With ``glu``
     the ``n`` weight rows are ``[gate; up]`` and the output ``(M, n / 2)`` is ``silu(gate) * up``.
+    With ``rope`` they are ``[q; k; v]`` heads: the output is the rotated queries ``(M, q_size)``,
+    and the keys and values are in the caches (``RopeKV``). ``check_epilogue`` has passed.
     """
-    if glu and cfg.path == "tiled":
+    if (glu or rope is not None) and cfg.path == "tiled":
         # NOTE(h7): the tiled path's tiles of gate and up rows in turn were slower than its plain
         # tiles and the activation's own launch after them on the H100 (the 8B shape's int4 at
         # batch 16: 3,092 against 3,410 tok/s; batch 4: 956 against 982), where the GEMV path gained
-        return silu_and_mul(launch(kernel, x, n, k_cols, cfg, tensors, strides, False, **constexprs))
-    if glu and cfg.block_n % 2:
-        raise ValueError(f"glu needs an even block_n, got {cfg.block_n}")
+        plain = launch(kernel, x, n, k_cols, cfg, tensors, strides, False, None, **constexprs)
+        return finish_unfused(plain, glu, rope)
+    paired = glu or rope is not None
+    if paired and cfg.block_n % 2:
+        raise ValueError(f"glu and rope need an even block_n, got {cfg.block_n}")
     m = x.shape[0]
     per_split = -(-k_cols // cfg.split_k)
     k_split = -(-per_split // cfg.block_k) * cfg.block_k  # a multiple of the loop step
     split = -(-k_cols // k_split)
     gemv = cfg.path == "gemv"
-    cols = n // 2 if glu else n
-    grid = (m if gemv else -(-m // cfg.block_m), -(-cols // (cfg.block_n // 2 if glu else cfg.block_n)), split)
+    kv = rope.kv_size if rope is not None else 0
+    cols = n // 2 if glu else n - 2 * kv
+    grid = (m if gemv else -(-m // cfg.block_m), -(-(n // 2 if paired else n) // (cfg.block_n // (1 + paired))), split)
     out = torch.empty((m, cols), dtype=x.dtype, device=x.device)
     part, counters = out, out  # placeholders without split-K: never read
     if split > 1:
@@ -322,9 +392,11 @@ def launch(
         split,
         *strides,
         out.stride(0),
+        *_rope_args(rope, out),
         **constexprs,
         GEMV=gemv,
         GLU=glu,
+        ROPE=rope.head_dim // 2 if rope is not None else 0,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
@@ -334,3 +406,22 @@ def launch(
         **pdl_args(x),
     )
     return out
+
+
+def _rope_args(rope: RopeKV | None, out: torch.Tensor) -> tuple[object, ...]:
+    """The kernels' rotary arguments (the NOTE above ``_program_tile``); without rope, placeholders never read."""
+    if rope is None:
+        return (out, out, out, out, out, out, 0, 0, 0)
+    kv = rope.kv_size
+    q_size = out.shape[1]
+    return (
+        rope.positions,
+        rope.slot_mapping,
+        rope.cos,
+        rope.sin,
+        rope.k_cache,
+        rope.v_cache,
+        rope.cos.stride(0),
+        q_size,
+        kv,
+    )

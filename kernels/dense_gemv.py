@@ -5,7 +5,8 @@ The decode step's projections at batch 1-4 on the GPU: cuBLAS would do the arith
 a step of a small model is ~270 kernels of a few microseconds each, so what sets its time is the
 gaps between them. This kernel takes part in programmatic dependent launch like every Triton
 kernel here (``kernels._common.pdl_args``) and can write SiLU-and-mul of a ``[gate; up]`` weight's
-product (``glu``), which removes the activation's own launch. It is the int8 kernel's GEMV path
+product (``glu``) or rotary and the KV cache of a ``[q; k; v]`` one (``rope``), which removes that
+op's own launch. It is the int8 kernel's GEMV path
 (``kernels.quant_matmul``) without the dequantization: one row of x per program, rows adjacent in
 the grid so their programs share a weight tile through L2, split-K finished inside the launch
 (``kernels._matmul_launch``).
@@ -15,11 +16,15 @@ Owns the kernel and its launcher. Does not own when the model uses it (``selfhos
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, tl, triton
-from kernels._matmul_launch import GEMV_MAX_ROWS, Config, check_glu_rows, config_for, launch
+from kernels._matmul_launch import GEMV_MAX_ROWS, Config, check_epilogue, config_for, finish_unfused, launch
+
+if TYPE_CHECKING:
+    from kernels.rope_kv import RopeKV
 
 __all__ = ["GEMV_MAX_ROWS", "MODEL_ROWS", "dense_gemv"]
 
@@ -45,7 +50,7 @@ if triton is not None:
     def _dense_gemv_kernel(
         x_ptr,  # (M, K) activations
         w_ptr,  # (N, K) float weight
-        out_ptr,  # (M, N) output; (M, N / 2) with GLU
+        out_ptr,  # (M, N) output; (M, N / 2) with GLU, (M, QN) with ROPE
         part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
         cnt_ptr,  # per-tile arrival counters, zero between launches
         M,  # rows of x
@@ -56,8 +61,18 @@ if triton is not None:
         sx_m,  # row stride of x
         sw_n,  # row stride of w
         so_m,  # row stride of out
+        pos_ptr,  # rotary epilogue (kernels._matmul_launch; unused without ROPE): (M,) positions
+        slot_ptr,  # (M,) cache slots, negative: no write
+        cos_ptr,  # (P, >= ROPE) fp32 tables
+        sin_ptr,
+        kc_ptr,  # (num_blocks, block_size, nkv, hd) caches
+        vc_ptr,
+        s_cos,  # row stride of the tables
+        QN,  # query columns of [q; k; v]
+        KVN,  # key columns (= value columns)
         GEMV: tl.constexpr,  # always True here (``launch`` passes it to every matmul kernel)
         GLU: tl.constexpr,  # w is [gate; up]: write silu(x @ gate.T) * (x @ up.T) (_tile_rows)
+        ROPE: tl.constexpr,  # half the head dim: w is [q; k; v], write rotary q and the caches; 0: no rotary
         BLOCK_M: tl.constexpr,  # unused (the tiled path's rows per program)
         BLOCK_N: tl.constexpr,  # output columns per program
         BLOCK_K: tl.constexpr,  # K per loop step
@@ -65,7 +80,7 @@ if triton is not None:
         PREFETCH: tl.constexpr = False,  # load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU)
+        rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
         k_lo = tl.program_id(2) * K_SPLIT
         w_ptrs = w_ptr + rn[:, None] * sw_n
         # per-column partial sums, reduced once after the loop: the same order for every row and batch
@@ -86,16 +101,25 @@ if triton is not None:
             w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
             acc2 = _dense_step(acc2, w, x_ptr + rm * sx_m, rk, K)
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
-        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU)
+        _store_tile(
+            acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU,
+            pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
+        )  # fmt: skip
 
 
 def dense_gemv(
-    x: torch.Tensor, weight: torch.Tensor, config: Config | None = None, *, glu: bool = False
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    config: Config | None = None,
+    *,
+    glu: bool = False,
+    rope: RopeKV | None = None,
 ) -> torch.Tensor:
     """``(M, K) @ (N, K).T -> (M, N)`` in x's dtype, one program row per row of x (meant for M <= 4).
 
     With ``glu``, W is ``[gate; up]`` and the result ``silu_and_mul(x @ W.T)``, ``(M, N/2)``, the
-    product rounded to x's dtype before the activation as the two launches would.
+    product rounded to x's dtype before the activation as the two launches would. With ``rope``, W
+    is ``[q; k; v]`` and the result the rotated queries (``RopeKV``).
 
     Raises:
         ValueError: shapes, dtypes or strides the kernel cannot take, or a tiled ``config``.
@@ -105,12 +129,11 @@ def dense_gemv(
     check(x.dim() == 2 and x.shape[1] == k, f"x must be (M, {k}), got {tuple(x.shape)}")
     check_dtype("x", x, torch.float32, torch.float16, torch.bfloat16)
     check_dtype("weight", weight, torch.float32, torch.float16, torch.bfloat16)
-    check_glu_rows(n, glu)
+    check_epilogue(x, n, glu, rope)
     if not can_launch(x, weight):
-        y = (x.float() @ weight.float().T).to(x.dtype)
-        return reference.silu_and_mul(y) if glu else y
+        return finish_unfused((x.float() @ weight.float().T).to(x.dtype), glu, rope)
     check_last_contiguous("x", x)
     check_last_contiguous("weight", weight)
     cfg = config or config_for("dense", x.shape[0], n, k, k, 0, x.device)
     check(cfg.path == "gemv", f"dense_gemv has only the GEMV path, got {cfg.path}")
-    return launch(_dense_gemv_kernel, x, n, k, cfg, (weight,), (x.stride(0), weight.stride(0)), glu)
+    return launch(_dense_gemv_kernel, x, n, k, cfg, (weight,), (x.stride(0), weight.stride(0)), glu, rope)

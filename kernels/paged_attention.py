@@ -92,9 +92,9 @@ if triton is not None:
         gmask = g < G
         dmask = d < HD
         heads = kvh * G + g  # (BLOCK_G,) query heads of this group
-        # NOTE(h7): the kernel this one waits for (rope_write_kv) writes q and each row's newest key;
-        # lengths and block tables are staged by the host and older keys were written by earlier steps,
-        # so no kernel of this step writes them (``kernels._common.pdl_enter``). They load before the
+        # NOTE(h7): the kernel this one waits for (the qkv GEMV's epilogue or rope_write_kv) writes q
+        # and each row's newest key; lengths and block tables are staged by the host and older keys
+        # were written by earlier steps, so no kernel of this step writes them (``kernels._common.pdl_enter``). They load before the
         # wait, their round trips to memory overlapping the kernels still running.
         seq_len = tl.load(lens_ptr + b)
         # this program's keys: one of S equal runs of whole tiles of this context (so a captured graph

@@ -8,9 +8,9 @@ new token attends causally to the prefix and to the new tokens up to itself.
 
 NOTE(h7): every key and value, the new tokens' included, is read from the paged cache through the
 block table, instead of passing the chunk's K/V separately as vLLM's prefix-prefill and SGLang's
-extend kernels do. ``rope_write_kv`` has already written the rotated keys there and hands no
-rotated copy back, so the cache is the only place they exist; one addressing path also means one
-loop for prefix and chunk, split only where the causal mask starts to bite.
+extend kernels do. The rotary write (``kernels.rope_kv``) has already put the rotated keys there
+and hands no rotated copy back, so the cache is the only place they exist; one addressing path also
+means one loop for prefix and chunk, split only where the causal mask starts to bite.
 
 Work split (vLLM's unified-attention layout): a program owns one KV head and a tile of
 ``BLOCK_M`` rows, where row ``r`` is query token ``r // G`` of the tile and query head ``r % G`` of

@@ -6,8 +6,9 @@ elementwise FMAs and a row reduction, the rows of ``x`` adjacent in the grid so 
 share the weight tile through L2. The tiled path (many rows, prefill or large batches) dequantizes
 a tile to the activation dtype and feeds ``tl.dot``. Both can split K over programs when the grid
 would not fill the GPU (``kernels._matmul_launch`` finishes the split in the same launch). The GEMV
-path can take a ``[gate; up]`` weight and write ``silu(gate) * up`` (``glu``), which saves the
-activation's own launch; the tiled path runs the activation kernel after instead.
+path can take a ``[gate; up]`` weight and write ``silu(gate) * up`` (``glu``), or a ``[q; k; v]``
+weight and write rotary and the KV cache (``rope``), which saves the activation's or the rotary's
+own launch; the tiled path runs that kernel after instead.
 
 Owns the kernels and the launchers. Per-group int8 and int4 with group 32 are what GGUF Q8_0 and
 Q4_1 blocks repack into (``kernels.gguf_blocks``). The weight layouts and the semantics are in
@@ -19,11 +20,25 @@ launchers fall back to those where no kernel can run. Launch configs live in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, tl, triton
-from kernels._matmul_launch import GEMV_MAX_ROWS, Config, Kind, check_glu_rows, config_for, launch, set_config
+from kernels._matmul_launch import (
+    GEMV_MAX_ROWS,
+    Config,
+    Kind,
+    check_epilogue,
+    config_for,
+    finish_unfused,
+    launch,
+    set_config,
+)
+
+if TYPE_CHECKING:
+    from kernels.rope_kv import RopeKV
 
 __all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
 
@@ -93,7 +108,7 @@ if triton is not None:
         x_ptr,  # (M, K) activations
         w_ptr,  # (N, K) int8 weight
         s_ptr,  # (N,) per-row scales, or (N, K/G) per-group scales when G > 0
-        out_ptr,  # (M, N) output; (M, N / 2) with GLU
+        out_ptr,  # (M, N) output; (M, N / 2) with GLU, (M, QN) with ROPE
         part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
         cnt_ptr,  # per-tile arrival counters, zero between launches
         M,  # rows of x
@@ -105,9 +120,19 @@ if triton is not None:
         sw_n,  # row stride of w
         ss_n,  # row stride of per-group scales (unused when G == 0)
         so_m,  # row stride of out
+        pos_ptr,  # rotary epilogue (kernels._matmul_launch; unused without ROPE): (M,) positions
+        slot_ptr,  # (M,) cache slots, negative: no write
+        cos_ptr,  # (P, >= ROPE) fp32 tables
+        sin_ptr,
+        kc_ptr,  # (num_blocks, block_size, nkv, hd) caches
+        vc_ptr,
+        s_cos,  # row stride of the tables
+        QN,  # query columns of [q; k; v]
+        KVN,  # key columns (= value columns)
         G: tl.constexpr,  # columns per scale; 0: one scale per row
         GEMV: tl.constexpr,  # FMA path (one row of x per program) instead of tl.dot
         GLU: tl.constexpr,  # w is [gate; up]: write silu(x @ gate.T) * (x @ up.T) (_tile_rows)
+        ROPE: tl.constexpr,  # half the head dim: w is [q; k; v], write rotary q and the caches; 0: no rotary
         BLOCK_M: tl.constexpr,  # rows per program on the tiled path
         BLOCK_N: tl.constexpr,  # output columns per program
         BLOCK_K: tl.constexpr,  # K per loop step: with G, GEMV a multiple of G, tiled a divisor of G
@@ -116,7 +141,7 @@ if triton is not None:
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU)
+        rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
         ks = tl.program_id(2)
         if G == 0:
             # NOTE(h7): per-row scales are weights, which no earlier kernel writes: loaded here, before
@@ -163,7 +188,10 @@ if triton is not None:
                     acc += tl.dot(x, tl.trans(wd))
         if G == 0:
             acc = acc * s[None, :]
-        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU)
+        _store_tile(
+            acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU,
+            pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
+        )  # fmt: skip
 
     @triton.jit
     def _nibbles_f32(b, ASM: tl.constexpr):
@@ -268,7 +296,7 @@ if triton is not None:
         w_ptr,  # (N, K/2) uint8: column j low nibble, column j + K/2 high nibble
         s_ptr,  # (N, K/G) scales
         z_ptr,  # (N, K/G) zeros: w = (q - 8) * scale + zero
-        out_ptr,  # (M, N) output; (M, N / 2) with GLU
+        out_ptr,  # (M, N) output; (M, N / 2) with GLU, (M, QN) with ROPE
         part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
         cnt_ptr,  # per-tile arrival counters, zero between launches
         M,  # rows of x
@@ -280,9 +308,19 @@ if triton is not None:
         sw_n,  # row stride of w
         ss_n,  # row stride of scales and zeros
         so_m,  # row stride of out
+        pos_ptr,  # rotary epilogue (kernels._matmul_launch; unused without ROPE): (M,) positions
+        slot_ptr,  # (M,) cache slots, negative: no write
+        cos_ptr,  # (P, >= ROPE) fp32 tables
+        sin_ptr,
+        kc_ptr,  # (num_blocks, block_size, nkv, hd) caches
+        vc_ptr,
+        s_cos,  # row stride of the tables
+        QN,  # query columns of [q; k; v]
+        KVN,  # key columns (= value columns)
         G: tl.constexpr,  # group size (columns per scale)
         GEMV: tl.constexpr,  # FMA path (one row of x per program) instead of tl.dot
         GLU: tl.constexpr,  # w is [gate; up]: write silu(x @ gate.T) * (x @ up.T) (_tile_rows)
+        ROPE: tl.constexpr,  # half the head dim: w is [q; k; v], write rotary q and the caches; 0: no rotary
         BLOCK_M: tl.constexpr,  # rows per program on the tiled path
         BLOCK_N: tl.constexpr,  # output columns per program
         BLOCK_K: tl.constexpr,  # bytes per loop step: GEMV a multiple of G, tiled a divisor of G
@@ -292,7 +330,7 @@ if triton is not None:
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
-        rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU)
+        rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
         ks = tl.program_id(2)
         HI_GROUPS = K2 // G  # group index offset of the high half
         if GEMV:
@@ -347,7 +385,10 @@ if triton is not None:
                 else:
                     acc += tl.dot(x_lo, tl.trans(w_lo.to(x_lo.dtype)))
                     acc += tl.dot(x_hi, tl.trans(w_hi.to(x_hi.dtype)))
-        _store_tile(acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU)
+        _store_tile(
+            acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU,
+            pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
+        )  # fmt: skip
 
 
 def _check_x(x: torch.Tensor, k: int) -> None:
@@ -378,13 +419,15 @@ def int8_matmul(
     config: Config | None = None,
     *,
     glu: bool = False,
+    rope: RopeKV | None = None,
     group_size: int = 0,
 ) -> torch.Tensor:
     """``(M, K) @ (N, K).T -> (M, N)`` with an int8 weight, ``w = qweight * scale``.
 
     ``group_size`` 0: one scale per output row, ``scales (N,)`` (``reference.quantize_int8``);
     otherwise one per row and group of ``group_size`` columns, ``scales (N, K/G)`` (GGUF Q8_0 with
-    32). With ``glu``, W is ``[gate; up]`` and the result ``silu_and_mul(x @ W.T)``, ``(M, N/2)``.
+    32). With ``glu``, W is ``[gate; up]`` and the result ``silu_and_mul(x @ W.T)``, ``(M, N/2)``;
+    with ``rope``, W is ``[q; k; v]`` and the result the rotated queries (``RopeKV``).
 
     Raises:
         ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
@@ -398,10 +441,9 @@ def int8_matmul(
     want = (n,) if group_size == 0 else (n, k // group_size)
     check(group_size == 0 or k % group_size == 0, f"K ({k}) must be a multiple of group_size ({group_size})")
     check(scales.shape == want, f"scales must be {want}, got {tuple(scales.shape)}")
-    check_glu_rows(n, glu)
+    check_epilogue(x, n, glu, rope)
     if not can_launch(x, qweight, scales):
-        y = reference.int8_matmul(x, qweight, scales)
-        return reference.silu_and_mul(y) if glu else y
+        return finish_unfused(reference.int8_matmul(x, qweight, scales), glu, rope)
     check_last_contiguous("x", x)
     check_last_contiguous("qweight", qweight)
     check(scales.is_contiguous(), "scales must be contiguous")
@@ -411,7 +453,7 @@ def int8_matmul(
         _check_step(group_size, cfg)
     strides = (x.stride(0), qweight.stride(0), scales.stride(0) if group_size else 0)
     asm = x.is_cuda and not interpreting()
-    return launch(_int8_kernel, x, n, k, cfg, (qweight, scales), strides, glu, G=group_size, ASM=asm)
+    return launch(_int8_kernel, x, n, k, cfg, (qweight, scales), strides, glu, rope, G=group_size, ASM=asm)
 
 
 def int4_matmul(
@@ -423,12 +465,14 @@ def int4_matmul(
     config: Config | None = None,
     *,
     glu: bool = False,
+    rope: RopeKV | None = None,
 ) -> torch.Tensor:
     """``(M, K) @ W.T -> (M, N)`` with a group-wise int4 weight in the ``reference.quantize_int4`` layout.
 
     Scales and zeros may be any float dtype (bf16 from ``quantize_int4``; fp16 scales and fp32
     zeros from GGUF Q4_1 blocks). With ``glu``, W is ``[gate; up]`` and the result
-    ``silu_and_mul(x @ W.T)``, ``(M, N/2)``.
+    ``silu_and_mul(x @ W.T)``, ``(M, N/2)``; with ``rope``, W is ``[q; k; v]`` and the result the
+    rotated queries (``RopeKV``).
 
     Raises:
         ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
@@ -444,10 +488,9 @@ def int4_matmul(
         scales.shape == (n, k // group_size) and zeros.shape == scales.shape,
         f"scales and zeros must be ({n}, {k // group_size})",
     )
-    check_glu_rows(n, glu)
+    check_epilogue(x, n, glu, rope)
     if not can_launch(x, packed, scales, zeros):
-        y = reference.int4_matmul(x, packed, scales, zeros, group_size)
-        return reference.silu_and_mul(y) if glu else y
+        return finish_unfused(reference.int4_matmul(x, packed, scales, zeros, group_size), glu, rope)
     check_last_contiguous("x", x)
     check(
         packed.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous(),
@@ -459,5 +502,5 @@ def int4_matmul(
     exact = x.dtype == torch.float32
     asm = x.is_cuda and not interpreting()
     return launch(
-        _int4_kernel, x, n, k2, cfg, (packed, scales, zeros), strides, glu, G=group_size, EXACT=exact, ASM=asm
+        _int4_kernel, x, n, k2, cfg, (packed, scales, zeros), strides, glu, rope, G=group_size, EXACT=exact, ASM=asm
     )

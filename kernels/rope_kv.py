@@ -2,22 +2,118 @@
 """Rotary embedding fused with the paged KV-cache write.
 
 One program per token rotates its query heads in place and stores its rotated keys and its values
-straight into their cache slot.
+straight into their cache slot. The same work can also be a qkv projection's epilogue: a GEMV that
+is handed a ``RopeKV`` writes the rotated queries as its output and the keys and values into the
+caches (``_rope_write_tile``, called by ``kernels._matmul_launch``), which saves this kernel's launch.
 
-Owns the Triton kernel and its launcher; semantics are ``kernels.reference.rope_write_kv``, which
-the launcher falls back to where no kernel can run. Does not own the rotary tables (the model
-builds them) nor slot assignment (the KV cache manager).
+Owns the Triton kernel and its launcher, ``RopeKV`` and the epilogue; semantics are
+``kernels.reference.rope_write_kv``, which the launcher falls back to where no kernel can run. Does
+not own the rotary tables (the model builds them) nor slot assignment (the KV cache manager).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, next_pow2, pdl_args, tl, triton
 
+
+@dataclass(frozen=True, slots=True)
+class RopeKV:
+    """A qkv projection's rotary + KV-cache write, for the matmul to do as it writes (``rope=``).
+
+    The projection's N output columns are ``[q heads; k heads; v heads]``, ``head_dim`` each, the k
+    and v parts as wide as one cache slot. With it, a matmul returns the rotated queries ``(M,
+    q_size)`` and has written the rows' rotated keys and values at their slots; the arguments are
+    ``rope_write_kv``'s, one position and slot per row of x.
+    """
+
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+
+    @property
+    def head_dim(self) -> int:
+        """Elements of one head."""
+        return int(self.k_cache.shape[3])
+
+    @property
+    def kv_size(self) -> int:
+        """Columns of the k part (and of the v part): one cache slot's elements."""
+        return int(self.k_cache.shape[2]) * self.head_dim
+
+    def check(self, rows: int, n: int) -> None:
+        """Raise unless ``rows`` rows of an ``n``-column qkv product can take this write (the fused form)."""
+        hd = self.head_dim
+        check(self.k_cache.dim() == 4 and self.v_cache.shape == self.k_cache.shape, "caches must be (B, bs, nkv, hd)")
+        check(self.v_cache.dtype == self.k_cache.dtype, "k_cache and v_cache must match")
+        check(hd % 2 == 0 and n % hd == 0 and n > 2 * self.kv_size, f"{n} columns are not [q; k; v] heads of {hd}")
+        check(
+            self.positions.shape == (rows,) and self.slot_mapping.shape == (rows,),
+            f"positions, slots must be ({rows},)",
+        )
+        check(self.cos.shape == self.sin.shape and self.cos.shape[1] >= hd // 2, "cos/sin must be (P, >= hd/2)")
+        check(self.cos.stride() == self.sin.stride() and self.cos.stride(1) == 1, "cos and sin must share strides")
+        check_dtype("cos", self.cos, torch.float32)
+        check_dtype("sin", self.sin, torch.float32)
+        check_dtype("positions", self.positions, torch.int32, torch.int64)
+        check_dtype("slot_mapping", self.slot_mapping, torch.int32, torch.int64)
+        check(self.k_cache.is_contiguous() and self.v_cache.is_contiguous(), "caches must be contiguous")
+
+    def apply(self, qkv: torch.Tensor) -> torch.Tensor:
+        """The unfused form over a finished ``(M, N)`` qkv product: ``rope_write_kv``, then the queries ``(M, q_size)``."""
+        m, n = qkv.shape
+        hd, kv = self.head_dim, self.kv_size
+        q_size = n - 2 * kv
+        q = qkv[:, :q_size].view(m, q_size // hd, hd)  # strided views into qkv: no copies
+        k = qkv[:, q_size : q_size + kv].view(m, kv // hd, hd)
+        v = qkv[:, q_size + kv :].view(m, kv // hd, hd)
+        rope_write_kv(q, k, v, self.positions, self.cos, self.sin, self.k_cache, self.v_cache, self.slot_mapping)
+        return qkv[:, :q_size]
+
+
 if triton is not None:
     from kernels._common import pdl_enter
+
+    @triton.jit
+    def _rope_write_tile(a, b, j, rm, mmask, q_ptr, sq_m, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, HALF: tl.constexpr):  # fmt: skip
+        """Finish a qkv GEMV tile as ``rope_write_kv`` would: ``a``, ``b`` are ``(rows, P)`` fp32 pairs.
+
+        Pair ``j`` is column ``d = j % HALF`` of head ``j // HALF`` of ``[q; k; v]`` (``a``) and the
+        column ``HALF`` after it (``b``), each already rounded to the output dtype, as the product the
+        unfused kernel loads. q pairs are rotated into ``q_ptr`` (``(M, QN)``), k pairs rotated and v
+        pairs as they are into the caches at the row's slot (``KVN`` elements a slot); a negative
+        slot writes no cache.
+        """
+        d = j % HALF  # (P,)
+        col = (j // HALF) * (2 * HALF) + d  # (P,) a's column of [q; k; v]
+        ok = mmask[:, None] & (col < QN + 2 * KVN)[None, :]  # (rows, P)
+        pos = tl.load(pos_ptr + rm, mask=mmask, other=0).to(tl.int64)[:, None]  # (rows, 1)
+        c = tl.load(cos_ptr + pos * s_cos + d[None, :], mask=ok, other=0.0)
+        s = tl.load(sin_ptr + pos * s_cos + d[None, :], mask=ok, other=0.0)
+        rot = (col < QN + KVN)[None, :]
+        ra = tl.where(rot, a * c - b * s, a)
+        rb = tl.where(rot, b * c + a * s, b)
+        is_q = ok & (col < QN)[None, :]
+        q_at = q_ptr + rm[:, None] * sq_m + col[None, :]
+        tl.store(q_at, ra.to(q_ptr.dtype.element_ty), mask=is_q)
+        tl.store(q_at + HALF, rb.to(q_ptr.dtype.element_ty), mask=is_q)
+        slot = tl.load(slot_ptr + rm, mask=mmask, other=-1).to(tl.int64)[:, None]  # (rows, 1)
+        cached = ok & (slot >= 0)
+        is_k = cached & ((col >= QN) & (col < QN + KVN))[None, :]
+        k_at = kc_ptr + slot * KVN + (col - QN)[None, :]
+        tl.store(k_at, ra.to(kc_ptr.dtype.element_ty), mask=is_k)
+        tl.store(k_at + HALF, rb.to(kc_ptr.dtype.element_ty), mask=is_k)
+        is_v = cached & (col >= QN + KVN)[None, :]
+        v_at = vc_ptr + slot * KVN + (col - QN - KVN)[None, :]
+        tl.store(v_at, ra.to(vc_ptr.dtype.element_ty), mask=is_v)
+        tl.store(v_at + HALF, rb.to(vc_ptr.dtype.element_ty), mask=is_v)
 
     @triton.jit
     def _rope_write_kv_kernel(

@@ -1,7 +1,8 @@
 """The decoder's forward pass on the Triton kernels: every device-specific model op in one place.
 
 Owns the kernel-backed pass of ``LlamaForCausalLM``: the residual add fused into each RMSNorm,
-rotary embedding fused with the KV-cache write, paged split-KV decode attention for one-token
+rotary embedding fused with the KV-cache write (into the qkv GEMV, ``kernels.rope_kv.RopeKV``, or
+its own launch after the qkv matmul), paged split-KV decode attention for one-token
 rows, paged prefill attention for multi-token rows (prefill and chunked prefill over cached
 prefix blocks; in a mixed batch each kind of row goes to its own kernel), and the matmuls through
 ``Linear``, whose GEMV kernels apply SiLU-and-mul as they write gate_up's output (``glu``). Where
@@ -26,7 +27,7 @@ import torch.nn.functional as F  # noqa: N812 (the torch convention)
 from kernels.paged_attention import paged_decode_attention
 from kernels.paged_prefill import paged_prefill_attention, prefill_kernel_fits
 from kernels.rmsnorm import rms_norm_residual
-from kernels.rope_kv import rope_write_kv
+from kernels.rope_kv import RopeKV
 from selfhost.models import ops
 
 if TYPE_CHECKING:
@@ -82,11 +83,8 @@ def _attention(
     decode_prefix: int | None = None,
 ) -> torch.Tensor:
     N = x.shape[0]
-    qkv = attn.qkv(x)  # (N, (nh + 2 nkv) hd)
-    q = qkv[:, : attn.q_size].view(N, attn.nh, attn.hd)  # strided views into qkv: no copies
-    k = qkv[:, attn.q_size : attn.q_size + attn.kv_size].view(N, attn.nkv, attn.hd)
-    v = qkv[:, attn.q_size + attn.kv_size :].view(N, attn.nkv, attn.hd)
-    rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache, meta.slot_mapping)  # q rotated in place
+    rope = RopeKV(positions, cos, sin, k_cache, v_cache, meta.slot_mapping)
+    q = attn.qkv(x, rope=rope).view(N, attn.nh, attn.hd)  # rotated; the new keys and values are in the caches
     if meta.all_decode:
         o = _decode(q, k_cache, v_cache, meta, attn.scale)
     elif decode_prefix is not None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from kernels.rope_kv import RopeKV
     from selfhost.config import Quantization
 
 
@@ -76,13 +77,14 @@ def quantize(weight: torch.Tensor, mode: Quantization, group_size: int) -> Kerne
     return None
 
 
-def linear(x: torch.Tensor, qw: KernelWeight, *, glu: bool = False) -> torch.Tensor:
+def linear(x: torch.Tensor, qw: KernelWeight, *, glu: bool = False, rope: RopeKV | None = None) -> torch.Tensor:
     """``(M, K) @ W.T -> (M, N)`` in x's dtype, through the kernel (or its reference off CUDA without the interpreter).
 
-    ``glu``: W is ``[gate; up]`` and the result ``silu_and_mul(x @ W.T)``, ``(M, N / 2)`` (``kernels.quant_matmul``).
+    ``glu``: W is ``[gate; up]`` and the result ``silu_and_mul(x @ W.T)``, ``(M, N / 2)``; ``rope``:
+    W is ``[q; k; v]`` and the result the rotated queries (``kernels.quant_matmul``).
     """
     from kernels.quant_matmul import int4_matmul, int8_matmul
 
     if isinstance(qw, KernelInt8Weight):
-        return int8_matmul(x, qw.qweight, qw.scales, group_size=qw.group_size, glu=glu)
-    return int4_matmul(x, qw.packed, qw.scales, qw.zeros, qw.group_size, glu=glu)
+        return int8_matmul(x, qw.qweight, qw.scales, group_size=qw.group_size, glu=glu, rope=rope)
+    return int4_matmul(x, qw.packed, qw.scales, qw.zeros, qw.group_size, glu=glu, rope=rope)

@@ -15,6 +15,7 @@ from torch import nn
 from selfhost.models import kernel_quant, quant
 
 if TYPE_CHECKING:
+    from kernels.rope_kv import RopeKV
     from selfhost.config import Quantization
 
 
@@ -70,47 +71,49 @@ class Linear(nn.Module):
                 w += p.numel() * p.element_size()
         return w
 
-    def forward(self, x: torch.Tensor, *, glu: bool = False) -> torch.Tensor:
-        """``(M, in)`` -> ``(M, out)`` in ``x``'s dtype; with ``glu``, ``silu_and_mul`` of that, ``(M, out / 2)``."""
-        return self.project(x, glu=glu).to(x.dtype)
+    def forward(self, x: torch.Tensor, *, glu: bool = False, rope: RopeKV | None = None) -> torch.Tensor:
+        """``(M, in)`` -> ``(M, out)`` in ``x``'s dtype, with ``project``'s epilogues."""
+        return self.project(x, glu=glu, rope=rope).to(x.dtype)
 
-    def project(self, x: torch.Tensor, *, glu: bool = False) -> torch.Tensor:
+    def project(self, x: torch.Tensor, *, glu: bool = False, rope: RopeKV | None = None) -> torch.Tensor:
         """``(M, in)`` -> ``(M, out)`` in the dtype the kernel returns: bf16 for the CPU int8/int4 kernels, else ``x``'s.
 
         ``glu``: the weight is ``[gate; up]`` and the result ``silu_and_mul`` of the product,
-        ``(M, out / 2)``; the Triton matmuls apply it as they write their tiles, the other paths
-        run it after.
+        ``(M, out / 2)``. ``rope``: the weight is ``[q; k; v]`` heads, the result the rotated
+        queries ``(M, q_size)``, and the keys and values are in ``rope``'s caches
+        (``kernels.rope_kv.RopeKV``). The Triton GEMVs do either as they write their tiles, the
+        other paths run the op after.
 
         NOTE(crossway): the decoder's CPU path calls this, not ``forward``, so that a bf16 output
         feeding a residual add or the next bf16 kernel is not widened and rounded again: each dtype
         cast is a torch op, and at batch 1 the ops' count, not their size, sets the time.
         """
-        if glu and self.bias is not None:  # the bias goes in before the activation
-            return _silu_and_mul(self.project(x))
+        if (glu or rope is not None) and self.bias is not None:  # the bias goes in before the epilogue
+            return _epilogue(self.project(x), glu, rope)
         qw = self.qweight
         if isinstance(qw, kernel_quant.KernelInt8Weight | kernel_quant.KernelInt4Weight):
-            y = kernel_quant.linear(x, qw, glu=glu)
+            y = kernel_quant.linear(x, qw, glu=glu, rope=rope)
         elif qw is not None:
-            y = quant.quantized_matmul(x, qw)
-            y = _silu_and_mul(y) if glu else y
+            y = _epilogue(quant.quantized_matmul(x, qw), glu, rope)
         else:
             assert self.weight is not None  # noqa: S101 (narrowing)
             if not x.is_cuda:
-                y = F.linear(x, self.weight, self.bias)
-                return _silu_and_mul(y) if glu else y
+                return _epilogue(F.linear(x, self.weight, self.bias), glu, rope)
             from kernels.dense_gemv import MODEL_ROWS, dense_gemv  # triton: only where it runs
 
             if x.shape[0] > MODEL_ROWS:
-                y = F.linear(x, self.weight, self.bias)
-                return _silu_and_mul(y) if glu else y
+                return _epilogue(F.linear(x, self.weight, self.bias), glu, rope)
             # NOTE(h7): a Triton GEMV instead of cuBLAS at batch 1: it joins the programmatic
             # dependent launch chain of the other kernels and fuses SiLU-and-mul (SmolLM2 bf16
             # batch 1 on the H100: 1.036 ms a token with cuBLAS, 0.800 with it)
-            y = dense_gemv(x, self.weight, glu=glu)
+            y = dense_gemv(x, self.weight, glu=glu, rope=rope)
         return y if self.bias is None else y + self.bias
 
 
-def _silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    from kernels.activation import silu_and_mul  # triton: imported only where an activation runs
+def _epilogue(y: torch.Tensor, glu: bool, rope: RopeKV | None) -> torch.Tensor:
+    """``project``'s epilogue as its own launches, after a product that did not apply it."""
+    if not glu and rope is None:
+        return y
+    from kernels._matmul_launch import finish_unfused  # triton: imported only where an epilogue runs
 
-    return silu_and_mul(x)
+    return finish_unfused(y, glu, rope)

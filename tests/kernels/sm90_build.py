@@ -85,12 +85,32 @@ def cases() -> list[Case]:
     """The variants the launchers use, with their default configs' tile sizes and warps (the 8B down projection's)."""
     from kernels import activation, argmax, dense_gemv, paged_attention, paged_prefill, quant_matmul, rmsnorm, rope_kv
 
-    mm = {"part_ptr": "*fp32", "cnt_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32"}
-    gemv = {"GEMV": True, "DOT_F32": False, "ASM": True, "PDL": True}
-    tiled = {"GEMV": False, "DOT_F32": False, "ASM": True, "PDL": True}
+    rope = {"pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
+    mm = {"part_ptr": "*fp32", "cnt_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32", **rope}
+    gemv = {"GEMV": True, "DOT_F32": False, "ASM": True, "PDL": True, "ROPE": 0}
+    tiled = {"GEMV": False, "DOT_F32": False, "ASM": True, "PDL": True, "ROPE": 0}
     n, k = 4096, 14336  # the 8B down projection
     gu_n, gu_k = 28672, 4096  # the 8B [gate; up], SiLU-and-mul applied as its tiles are written
+    qkv_n = 6144  # the 8B [q; k; v], rotary and the KV write applied as its tiles are written
     out = []
+    for small in (False, True):  # the 8B qkv's epilogue (half a head 64) and SmolLM2's (32)
+        rn, rk, half = (960, 576, 32) if small else (qkv_n, gu_k, 64)
+        for fn, kind, w in (
+            (quant_matmul._int8_kernel, "int8", "*i8"),
+            (quant_matmul._int4_kernel, "int4", "*u8"),
+            (dense_gemv._dense_gemv_kernel, "dense", "*bf16"),
+        ):
+            tile, warps, prefetch = _default(
+                kind, 1, rn, rk // 2 if kind == "int4" else rk, 32 if kind == "int4" else 0
+            )
+            c = {**gemv, **tile, "GLU": False, "ROPE": half, "PREFETCH": prefetch}
+            if kind == "int4":
+                c.update(G=32, EXACT=False)
+            elif kind == "int8":
+                c["G"] = 0
+            else:
+                del c["ASM"]
+            out.append(Case(f"{kind} gemv rope {rn}x{rk}", fn, c, {**mm, "w_ptr": w}, warps))
     for g in (0, 128):
         w8 = {**mm, "w_ptr": "*i8"}
         kind: Kind = "int8g" if g else "int8"
