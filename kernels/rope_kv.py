@@ -82,6 +82,15 @@ if triton is not None:
     from kernels._common import pdl_enter
 
     @triton.jit
+    def _rotate(x1, x2, c, s):
+        """``(x1 c - x2 s, x2 c + x1 s)`` in fp32.
+
+        NOTE(h7): the FMAs are spelled out: left to the compiler, the kernel and the GEMV epilogue
+        contracted the same expression differently on the H100, and their bf16 results differed.
+        """
+        return tl.fma(x1, c, -(x2 * s)), tl.fma(x2, c, x1 * s)
+
+    @triton.jit
     def _rope_write_tile(a, b, j, rm, mmask, q_ptr, sq_m, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, HALF: tl.constexpr):  # fmt: skip
         """Finish a qkv GEMV tile as ``rope_write_kv`` would: ``a``, ``b`` are ``(rows, P)`` fp32 pairs.
 
@@ -98,8 +107,9 @@ if triton is not None:
         c = tl.load(cos_ptr + pos * s_cos + d[None, :], mask=ok, other=0.0)
         s = tl.load(sin_ptr + pos * s_cos + d[None, :], mask=ok, other=0.0)
         rot = (col < QN + KVN)[None, :]
-        ra = tl.where(rot, a * c - b * s, a)
-        rb = tl.where(rot, b * c + a * s, b)
+        a_rot, b_rot = _rotate(a, b, c, s)
+        ra = tl.where(rot, a_rot, a)
+        rb = tl.where(rot, b_rot, b)
         is_q = ok & (col < QN)[None, :]
         q_at = q_ptr + rm[:, None] * sq_m + col[None, :]
         tl.store(q_at, ra.to(q_ptr.dtype.element_ty), mask=is_q)
@@ -156,8 +166,9 @@ if triton is not None:
         q1 = tl.load(q_base, mask=qmask, other=0.0)
         q2 = tl.load(q_base + HALF, mask=qmask, other=0.0)
         q1f, q2f = q1.to(tl.float32), q2.to(tl.float32)
-        tl.store(q_base, (q1f * c - q2f * s).to(q1.dtype), mask=qmask)
-        tl.store(q_base + HALF, (q2f * c + q1f * s).to(q1.dtype), mask=qmask)
+        q1r, q2r = _rotate(q1f, q2f, c, s)
+        tl.store(q_base, q1r.to(q1.dtype), mask=qmask)
+        tl.store(q_base + HALF, q2r.to(q1.dtype), mask=qmask)
 
         slot = tl.load(slot_ptr + tok).to(tl.int64)
         if slot >= 0:
@@ -167,8 +178,9 @@ if triton is not None:
             k2 = tl.load(k_base + HALF, mask=kmask, other=0.0).to(tl.float32)
             c_base = slot * sc_slot + heads * sc_h + d
             kc = kc_ptr + c_base
-            tl.store(kc, (k1 * c - k2 * s).to(kc_ptr.dtype.element_ty), mask=kmask)
-            tl.store(kc + HALF, (k2 * c + k1 * s).to(kc_ptr.dtype.element_ty), mask=kmask)
+            k1r, k2r = _rotate(k1, k2, c, s)
+            tl.store(kc, k1r.to(kc_ptr.dtype.element_ty), mask=kmask)
+            tl.store(kc + HALF, k2r.to(kc_ptr.dtype.element_ty), mask=kmask)
             v_base = v_ptr + tok * sv_n + heads * sv_h + d
             v1 = tl.load(v_base, mask=kmask, other=0.0)
             v2 = tl.load(v_base + HALF, mask=kmask, other=0.0)
