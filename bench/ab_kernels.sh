@@ -6,10 +6,14 @@
 #
 #   AB_DIR=.dev3 bench/ab_kernels.sh "--modes int8 --batches 1" old new old new
 #   AB_BENCH=bench.engine_gpu_smollm bench/ab_kernels.sh "--only batch1,ttft" old new old new
+#   bench/ab_kernels.sh "--modes bf16,int8 --batches 1" base tree base tree
 #
 # $AB_DIR/<variant>/ holds that variant's copies of the changed files of kernels/ (git-ignored
-# there, e.g. `git show HEAD~1:kernels/quant_matmul.py > .dev3/old/quant_matmul.py`). The last
-# variant's files stay in kernels/ at the end; the working tree on the device is a copy.
+# there, e.g. `git show HEAD~1:kernels/quant_matmul.py > .dev3/old/quant_matmul.py`), or, for a
+# change beyond kernels/, a whole tree to run from (it has a kernels/ folder: e.g.
+# `git archive HEAD~1 kernels bench selfhost | tar -x -C .dev3/base`). The variant `tree` is the
+# working tree as it is. The last copied variant's files stay in kernels/ at the end; the working
+# tree on the device is a copy.
 set -euo pipefail
 args=$1
 shift
@@ -18,8 +22,13 @@ bench=${AB_BENCH:-bench.engine_gpu --random-weights}
 i=0
 for v in "$@"; do
   i=$((i + 1))
-  cp "$dir/$v"/*.py kernels/
+  run_in=.
+  if [ -d "$dir/$v/kernels" ]; then
+    run_in=$dir/$v
+  elif [ "$v" != tree ]; then
+    cp "$dir/$v"/*.py kernels/
+  fi
   echo "=== $i $v $(date +%T)"
   # shellcheck disable=SC2086 # the bench's arguments are meant to split
-  python3 -m $bench $args --json "$OUT/ab_${i}_$v.json" 2>&1 | grep -v '^  tuned'
+  (cd "$run_in" && python3 -m $bench $args --json "$OUT/ab_${i}_$v.json" 2>&1 | grep -v '^  tuned')
 done

@@ -1,8 +1,9 @@
 """GPU probe: how much a batch-1 decode step would gain if its norms or its rotary launches were fused away.
 
-Times ``bench.gpu_decoder``'s step with the kernels left out (``Decoder.skip``): the residual
-RMSNorms (65 launches on the 8B shape), the rotary + KV-write kernel (32), or both. Leaving a
-kernel out bounds what fusing it into a neighbour can save: the fused neighbour does that work too.
+Times ``bench.gpu_decoder``'s step with work left out (``Decoder.skip``): the residual RMSNorms
+(65 launches on the 8B shape), the rotary + KV write (32 launches until the qkv GEMV took it as its
+epilogue on 2026-11-27; since then its share of that GEMV), or both. Leaving a kernel out bounds
+what fusing it into a neighbour can save: the fused neighbour does that work too.
 Variants alternate within one process, per weight format, so the ratios compare like with like.
 
     python -m bench.probe_fusion_bound --json $OUT/probe_fusion_bound.json
