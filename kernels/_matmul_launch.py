@@ -321,14 +321,16 @@ if triton is not None:
                 tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
-def check_epilogue(x: torch.Tensor, n: int, glu: bool, rope: RopeKV | None) -> None:
-    """Raise unless a matmul of ``x`` with ``n`` weight rows can take its epilogue: ``glu`` (``[gate; up]``) or ``rope``."""
+def check_epilogue(n: int, glu: bool, rope: RopeKV | None) -> None:
+    """Raise unless a matmul with ``n`` weight rows can take its epilogue: ``glu`` (``[gate; up]``) or ``rope``.
+
+    ``rope``'s own arguments are checked where it runs: by ``launch`` on the fused path, else by
+    ``rope_write_kv``.
+    """
     if glu and n % 2:
         raise ValueError(f"glu needs an even number of weight rows ([gate; up]), got {n}")
-    if rope is not None:
-        if glu:
-            raise ValueError("a matmul takes glu or rope, not both")
-        rope.check(x.shape[0], n)
+    if glu and rope is not None:
+        raise ValueError("a matmul takes glu or rope, not both")
 
 
 def finish_unfused(y: torch.Tensor, glu: bool, rope: RopeKV | None) -> torch.Tensor:
@@ -356,6 +358,10 @@ def launch(
     the ``n`` weight rows are ``[gate; up]`` and the output ``(M, n / 2)`` is ``silu(gate) * up``.
     With ``rope`` they are ``[q; k; v]`` heads: the output is the rotated queries ``(M, q_size)``,
     and the keys and values are in the caches (``RopeKV``). ``check_epilogue`` has passed.
+
+    Raises:
+        ValueError: an odd ``block_n`` for a paired epilogue, or ``rope`` arguments the fused path
+            cannot take.
     """
     if (glu or rope is not None) and cfg.path == "tiled":
         # NOTE(h7): the tiled path's tiles of gate and up rows in turn were slower than its plain
@@ -367,6 +373,8 @@ def launch(
     if paired and cfg.block_n % 2:
         raise ValueError(f"glu and rope need an even block_n, got {cfg.block_n}")
     m = x.shape[0]
+    if rope is not None:
+        rope.check(m, n)
     per_split = -(-k_cols // cfg.split_k)
     k_split = -(-per_split // cfg.block_k) * cfg.block_k  # a multiple of the loop step
     split = -(-k_cols // k_split)

@@ -129,7 +129,7 @@ def dense_gemv(
     check(x.dim() == 2 and x.shape[1] == k, f"x must be (M, {k}), got {tuple(x.shape)}")
     check_dtype("x", x, torch.float32, torch.float16, torch.bfloat16)
     check_dtype("weight", weight, torch.float32, torch.float16, torch.bfloat16)
-    check_epilogue(x, n, glu, rope)
+    check_epilogue(n, glu, rope)
     if not can_launch(x, weight):
         return finish_unfused((x.float() @ weight.float().T).to(x.dtype), glu, rope)
     check_last_contiguous("x", x)

@@ -441,7 +441,7 @@ def int8_matmul(
     want = (n,) if group_size == 0 else (n, k // group_size)
     check(group_size == 0 or k % group_size == 0, f"K ({k}) must be a multiple of group_size ({group_size})")
     check(scales.shape == want, f"scales must be {want}, got {tuple(scales.shape)}")
-    check_epilogue(x, n, glu, rope)
+    check_epilogue(n, glu, rope)
     if not can_launch(x, qweight, scales):
         return finish_unfused(reference.int8_matmul(x, qweight, scales), glu, rope)
     check_last_contiguous("x", x)
@@ -488,7 +488,7 @@ def int4_matmul(
         scales.shape == (n, k // group_size) and zeros.shape == scales.shape,
         f"scales and zeros must be ({n}, {k // group_size})",
     )
-    check_epilogue(x, n, glu, rope)
+    check_epilogue(n, glu, rope)
     if not can_launch(x, packed, scales, zeros):
         return finish_unfused(reference.int4_matmul(x, packed, scales, zeros, group_size), glu, rope)
     check_last_contiguous("x", x)
