@@ -250,24 +250,8 @@ if triton is not None:
             a, b = tl.split(tl.reshape(acc.to(dt).to(tl.float32), (acc.shape[0], pairs, 2)))  # (rows, BLOCK_N / 2)
             j = tl.program_id(1) * pairs + tl.arange(0, pairs)
             _rope_write_tile(
-                a,
-                b,
-                j,
-                rm,
-                mmask,
-                out_ptr,
-                so_m,
-                pos_ptr,
-                slot_ptr,
-                cos_ptr,
-                sin_ptr,
-                kc_ptr,
-                vc_ptr,
-                s_cos,
-                QN,
-                KVN,
-                ROPE,
-            )
+                a, b, j, rm, mmask, out_ptr, so_m, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE
+            )  # fmt: skip
         elif GLU:
             half: tl.constexpr = BLOCK_N // 2
             g, u = tl.split(tl.reshape(acc.to(dt).to(tl.float32), (acc.shape[0], half, 2)))  # (rows, BLOCK_N / 2)
@@ -379,9 +363,10 @@ def launch(
     k_split = -(-per_split // cfg.block_k) * cfg.block_k  # a multiple of the loop step
     split = -(-k_cols // k_split)
     gemv = cfg.path == "gemv"
-    kv = rope.kv_size if rope is not None else 0
-    cols = n // 2 if glu else n - 2 * kv
-    grid = (m if gemv else -(-m // cfg.block_m), -(-(n // 2 if paired else n) // (cfg.block_n // (1 + paired))), split)
+    cols = n // 2 if glu else (n - 2 * rope.kv_size if rope is not None else n)  # of the output
+    # a paired tile's block_n weight rows are block_n / 2 pairs
+    tiles = -(-n // 2 // (cfg.block_n // 2)) if paired else -(-n // cfg.block_n)
+    grid = (m if gemv else -(-m // cfg.block_m), tiles, split)
     out = torch.empty((m, cols), dtype=x.dtype, device=x.device)
     part, counters = out, out  # placeholders without split-K: never read
     if split > 1:

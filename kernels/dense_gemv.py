@@ -6,10 +6,9 @@ a step of a small model is ~270 kernels of a few microseconds each, so what sets
 gaps between them. This kernel takes part in programmatic dependent launch like every Triton
 kernel here (``kernels._common.pdl_args``) and can write SiLU-and-mul of a ``[gate; up]`` weight's
 product (``glu``) or rotary and the KV cache of a ``[q; k; v]`` one (``rope``), which removes that
-op's own launch. It is the int8 kernel's GEMV path
-(``kernels.quant_matmul``) without the dequantization: one row of x per program, rows adjacent in
-the grid so their programs share a weight tile through L2, split-K finished inside the launch
-(``kernels._matmul_launch``).
+op's own launch. It is the int8 kernel's GEMV path (``kernels.quant_matmul``) without the
+dequantization: one row of x per program, rows adjacent in the grid so their programs share a
+weight tile through L2, split-K finished inside the launch (``kernels._matmul_launch``).
 
 Owns the kernel and its launcher. Does not own when the model uses it (``selfhost.models.linear``).
 """
