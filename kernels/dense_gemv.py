@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, tl, triton
-from kernels._matmul_launch import GEMV_MAX_ROWS, Config, check_epilogue, config_for, finish_unfused, launch
+from kernels._matmul_config import GEMV_MAX_ROWS, Config, config_for
+from kernels._matmul_launch import check_epilogue, finish_unfused, launch
 
 if TYPE_CHECKING:
     from kernels.rope_kv import RopeKV

@@ -14,7 +14,7 @@ Owns the kernels and the launchers. Per-group int8 and int4 with group 32 are wh
 Q4_1 blocks repack into (``kernels.gguf_blocks``). The weight layouts and the semantics are in
 ``kernels.reference`` (``quantize_int8``, ``quantize_int4``, ``int8_matmul``, ``int4_matmul``);
 launchers fall back to those where no kernel can run. Launch configs live in
-``kernels._matmul_launch`` (re-exported here). Does not own which layers are quantized
+``kernels._matmul_config`` (re-exported here). Does not own which layers are quantized
 (``selfhost.models``).
 """
 
@@ -26,16 +26,8 @@ import torch
 
 from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, tl, triton
-from kernels._matmul_launch import (
-    GEMV_MAX_ROWS,
-    Config,
-    Kind,
-    check_epilogue,
-    config_for,
-    finish_unfused,
-    launch,
-    set_config,
-)
+from kernels._matmul_config import GEMV_MAX_ROWS, Config, Kind, config_for, set_config
+from kernels._matmul_launch import check_epilogue, finish_unfused, launch
 
 if TYPE_CHECKING:
     from kernels.rope_kv import RopeKV

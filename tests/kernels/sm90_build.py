@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from kernels._matmul_launch import Kind
+    from kernels._matmul_config import Kind
 
 TARGET = ("cuda", 90, 32)
 
@@ -75,7 +75,7 @@ class Case(NamedTuple):
 
 def _default(kind: Kind, rows: int, n: int, k_iter: int, group: int) -> tuple[dict[str, Any], int, bool]:
     """The launcher's default tile of a matmul on the H100 (132 multiprocessors): constexprs, warps, prefetch."""
-    from kernels._matmul_launch import default_config
+    from kernels._matmul_config import default_config
 
     cfg = default_config(kind, rows, n, k_iter, group, interp=False, sms=132)
     return {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}, cfg.num_warps, cfg.prefetch
