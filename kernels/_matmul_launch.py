@@ -53,13 +53,10 @@ if triton is not None:
         d + ROPE in turn, the two columns that rotary mixes.
         """
         r = tl.arange(0, BLOCK_N)
-        if GLU:
-            j = tl.program_id(1) * (BLOCK_N // 2) + r // 2
-            rn = j + (r % 2) * (N // 2)
-            nmask = j < N // 2
-        elif ROPE:
-            j = tl.program_id(1) * (BLOCK_N // 2) + r // 2
-            rn = (j // ROPE) * (2 * ROPE) + j % ROPE + (r % 2) * ROPE
+        if GLU or ROPE:
+            j = tl.program_id(1) * (BLOCK_N // 2) + r // 2  # the pair of each row
+            # GLU: gate row j, up row j + I; ROPE: column d of a head, then d + ROPE
+            rn = j + (r % 2) * (N // 2) if GLU else (j // ROPE) * (2 * ROPE) + j % ROPE + (r % 2) * ROPE
             nmask = j < N // 2
         else:
             rn = tl.program_id(1) * BLOCK_N + r
@@ -80,21 +77,19 @@ if triton is not None:
         to the caches).
         """
         dt = out_ptr.dtype.element_ty
-        if ROPE:
+        if GLU or ROPE:
             pairs: tl.constexpr = BLOCK_N // 2
             a, b = tl.split(tl.reshape(acc.to(dt).to(tl.float32), (acc.shape[0], pairs, 2)))  # (rows, BLOCK_N / 2)
-            j = tl.program_id(1) * pairs + tl.arange(0, pairs)
-            _rope_write_tile(
-                a, b, j, rm, mmask, out_ptr, so_m, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE
-            )  # fmt: skip
-        elif GLU:
-            half: tl.constexpr = BLOCK_N // 2
-            g, u = tl.split(tl.reshape(acc.to(dt).to(tl.float32), (acc.shape[0], half, 2)))  # (rows, BLOCK_N / 2)
-            y = g / (1.0 + tl.exp(-g)) * u
-            cols = tl.program_id(1) * half + tl.arange(0, half)
-            tl.store(
-                out_ptr + rm[:, None] * so_m + cols[None, :], y.to(dt), mask=mmask[:, None] & (cols < N // 2)[None, :]
-            )
+            j = tl.program_id(1) * pairs + tl.arange(0, pairs)  # the tile's pairs (_tile_rows)
+            if ROPE:
+                _rope_write_tile(
+                    a, b, j, rm, mmask, out_ptr, so_m, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE
+                )  # fmt: skip
+            else:  # a is gate, b is up
+                y = a / (1.0 + tl.exp(-a)) * b
+                tl.store(
+                    out_ptr + rm[:, None] * so_m + j[None, :], y.to(dt), mask=mmask[:, None] & (j < N // 2)[None, :]
+                )
         else:
             cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
             tl.store(

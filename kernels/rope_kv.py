@@ -51,19 +51,12 @@ class RopeKV:
     def check(self, rows: int, n: int) -> None:
         """Raise unless ``rows`` rows of an ``n``-column qkv product can take this write (the fused form)."""
         hd = self.head_dim
-        check(self.k_cache.dim() == 4 and self.v_cache.shape == self.k_cache.shape, "caches must be (B, bs, nkv, hd)")
-        check(self.v_cache.dtype == self.k_cache.dtype, "k_cache and v_cache must match")
+        check(self.k_cache.dim() == 4, f"cache shape {tuple(self.k_cache.shape)} != (B, bs, nkv, hd)")
         check(hd % 2 == 0 and n % hd == 0 and n > 2 * self.kv_size, f"{n} columns are not [q; k; v] heads of {hd}")
-        check(
-            self.positions.shape == (rows,) and self.slot_mapping.shape == (rows,),
-            f"positions, slots must be ({rows},)",
+        _check_rows_and_tables(
+            self.positions, self.slot_mapping, self.cos, self.sin, self.k_cache, self.v_cache, rows, hd
         )
-        check(self.cos.shape == self.sin.shape and self.cos.shape[1] >= hd // 2, "cos/sin must be (P, >= hd/2)")
         check(self.cos.stride() == self.sin.stride() and self.cos.stride(1) == 1, "cos and sin must share strides")
-        check_dtype("cos", self.cos, torch.float32)
-        check_dtype("sin", self.sin, torch.float32)
-        check_dtype("positions", self.positions, torch.int32, torch.int64)
-        check_dtype("slot_mapping", self.slot_mapping, torch.int32, torch.int64)
         check(self.k_cache.is_contiguous() and self.v_cache.is_contiguous(), "caches must be contiguous")
 
     def apply(self, qkv: torch.Tensor) -> torch.Tensor:
@@ -214,13 +207,7 @@ def rope_write_kv(
     check(
         k_cache.dim() == 4 and k_cache.shape[2:] == (nkv, hd), f"cache shape {tuple(k_cache.shape)} != (B, bs, nkv, hd)"
     )
-    check(v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype, "k_cache and v_cache must match")
-    check(positions.shape == (N,) and slot_mapping.shape == (N,), "positions and slot_mapping must be (N,)")
-    check(cos.shape == sin.shape and cos.dim() == 2 and cos.shape[1] >= hd // 2, "cos/sin must be (P, >= hd/2)")
-    check_dtype("cos", cos, torch.float32)
-    check_dtype("sin", sin, torch.float32)
-    check_dtype("positions", positions, torch.int32, torch.int64)
-    check_dtype("slot_mapping", slot_mapping, torch.int32, torch.int64)
+    _check_rows_and_tables(positions, slot_mapping, cos, sin, k_cache, v_cache, N, hd)
     if not can_launch(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
         reference.rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
         return
@@ -257,3 +244,23 @@ def rope_write_kv(
         num_warps=4,
         **pdl_args(q),
     )
+
+
+def _check_rows_and_tables(
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows: int,
+    hd: int,
+) -> None:
+    """The checks ``rope_write_kv`` and ``RopeKV`` share: a position and a slot a row, the tables, matching caches."""
+    check(v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype, "k_cache and v_cache must match")
+    check(positions.shape == (rows,) and slot_mapping.shape == (rows,), f"positions and slot_mapping must be ({rows},)")
+    check(cos.shape == sin.shape and cos.dim() == 2 and cos.shape[1] >= hd // 2, "cos/sin must be (P, >= hd/2)")
+    check_dtype("cos", cos, torch.float32)
+    check_dtype("sin", sin, torch.float32)
+    check_dtype("positions", positions, torch.int32, torch.int64)
+    check_dtype("slot_mapping", slot_mapping, torch.int32, torch.int64)

@@ -126,5 +126,5 @@ def test_rope_epilogue_rejects_glu_a_wrong_width_and_a_position_per_row_missing(
         int8_matmul(x, qw, s, glu=True, rope=rope)
     with pytest.raises(ValueError, match="not \\[q; k; v\\] heads"):
         int8_matmul(x, qw[: n - hd // 2], s[: n - hd // 2], rope=rope)
-    with pytest.raises(ValueError, match="positions, slots"):
+    with pytest.raises(ValueError, match="positions and slot_mapping"):
         int8_matmul(x[:1], qw, s, rope=rope)
