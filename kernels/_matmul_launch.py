@@ -27,7 +27,8 @@ if triton is not None:
 
     # NOTE(h7): every matmul kernel takes the rotary epilogue's arguments after its output stride,
     # ``pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN``, and ``ROPE`` (half the
-    # head dim; 0: no rotary), and hands them to ``_store_tile`` (``launch`` fills them)
+    # head dim; 0: no rotary); it loads its rows' positions and slots before its PDL wait
+    # (``_rope_rows``) and hands them with the rest to ``_store_tile`` (``launch`` fills them)
 
     @triton.jit
     def _program_tile(
@@ -66,7 +67,7 @@ if triton is not None:
     @triton.jit
     def _write_tile(
         acc, rm, mmask, out_ptr, so_m, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr,
-        pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE: tl.constexpr,
+        pos, slot, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE: tl.constexpr,
     ):  # fmt: skip
         """Store a finished ``(rows, BLOCK_N)`` fp32 tile of ``program_id(1)`` with its epilogue.
 
@@ -83,7 +84,7 @@ if triton is not None:
             j = tl.program_id(1) * pairs + tl.arange(0, pairs)  # the tile's pairs (_tile_rows)
             if ROPE:
                 _rope_write_tile(
-                    a, b, j, rm, mmask, out_ptr, so_m, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE
+                    a, b, j, rm, mmask, out_ptr, so_m, pos, slot, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE
                 )  # fmt: skip
             else:  # a is gate, b is up
                 y = a / (1.0 + tl.exp(-a)) * b
@@ -99,7 +100,7 @@ if triton is not None:
     @triton.jit
     def _store_tile(
         acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, sp_s, cnt_ptr, N, NSPLIT, GLU: tl.constexpr,
-        pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE: tl.constexpr,
+        pos, slot, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE: tl.constexpr,
     ):  # fmt: skip
         """Write a finished ``(rows, BLOCK_N)`` fp32 tile, reducing split-K in the same launch.
 
@@ -113,7 +114,7 @@ if triton is not None:
         if NSPLIT == 1:
             _write_tile(
                 acc, rm, mmask, out_ptr, so_m, N, BLOCK_N, GLU,
-                pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
+                pos, slot, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
             )  # fmt: skip
         else:
             omask = mmask[:, None] & nmask[None, :]
@@ -130,7 +131,7 @@ if triton is not None:
                     tot += tl.load(part_ptr + s * sp_s + p_off, mask=omask, other=0.0, cache_modifier=".cg")
                 _write_tile(
                     tot, rm, mmask, out_ptr, so_m, N, BLOCK_N, GLU,
-                    pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
+                    pos, slot, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
                 )  # fmt: skip
                 tl.atomic_xchg(cnt_ptr + tile, 0)
 

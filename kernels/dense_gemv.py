@@ -39,6 +39,7 @@ and 612.9 for cuBLAS."""
 if triton is not None:
     from kernels._common import pdl_enter
     from kernels._matmul_launch import _program_tile, _store_tile
+    from kernels.rope_kv import _rope_rows
 
     @triton.jit
     def _dense_step(acc2, w, x_row, rk, K):
@@ -81,6 +82,7 @@ if triton is not None:
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
+        pos, slot = _rope_rows(pos_ptr, slot_ptr, rm, mmask, ROPE)  # before the PDL wait
         k_lo = tl.program_id(2) * K_SPLIT
         w_ptrs = w_ptr + rn[:, None] * sw_n
         # per-column partial sums, reduced once after the loop: the same order for every row and batch
@@ -103,7 +105,7 @@ if triton is not None:
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         _store_tile(
             acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU,
-            pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
+            pos, slot, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
         )  # fmt: skip
 
 

@@ -37,6 +37,7 @@ __all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set
 if triton is not None:
     from kernels._common import pdl_enter, pdl_enter_after_wait
     from kernels._matmul_launch import _program_tile, _store_tile
+    from kernels.rope_kv import _rope_rows
 
     @triton.jit
     def _int8_to_f32(w, ASM: tl.constexpr):
@@ -134,6 +135,7 @@ if triton is not None:
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
+        pos, slot = _rope_rows(pos_ptr, slot_ptr, rm, mmask, ROPE)  # before the PDL wait
         ks = tl.program_id(2)
         if G == 0:
             # NOTE(h7): per-row scales are weights, which no earlier kernel writes: loaded here, before
@@ -182,7 +184,7 @@ if triton is not None:
             acc = acc * s[None, :]
         _store_tile(
             acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU,
-            pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
+            pos, slot, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
         )  # fmt: skip
 
     @triton.jit
@@ -323,6 +325,7 @@ if triton is not None:
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
+        pos, slot = _rope_rows(pos_ptr, slot_ptr, rm, mmask, ROPE)  # before the PDL wait
         ks = tl.program_id(2)
         HI_GROUPS = K2 // G  # group index offset of the high half
         if GEMV:
@@ -379,7 +382,7 @@ if triton is not None:
                     acc += tl.dot(x_hi, tl.trans(w_hi.to(x_hi.dtype)))
         _store_tile(
             acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU,
-            pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
+            pos, slot, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
         )  # fmt: skip
 
 

@@ -84,19 +84,37 @@ if triton is not None:
         return tl.fma(x1, c, -(x2 * s)), tl.fma(x2, c, x1 * s)
 
     @triton.jit
-    def _rope_write_tile(a, b, j, rm, mmask, q_ptr, sq_m, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, HALF: tl.constexpr):  # fmt: skip
+    def _rope_rows(pos_ptr, slot_ptr, rm, mmask, ROPE: tl.constexpr):
+        """The rows' positions and cache slots for ``_rope_write_tile`` (placeholders without ROPE).
+
+        NOTE(h7): the host stages both before the step and no kernel writes them, so a matmul loads
+        them before its PDL wait: the epilogue at the end of each program then waits on one round
+        trip (the tables' row) instead of two in a chain. On the H100's 8B shape at batch 1 this
+        was 0.1-0.5 % faster in every format than loading them in the epilogue (2026-11-27); loading
+        the tables' row early too was slower for int8 and bf16.
+        """
+        if ROPE:
+            pos = tl.load(pos_ptr + rm, mask=mmask, other=0).to(tl.int64)
+            slot = tl.load(slot_ptr + rm, mask=mmask, other=-1).to(tl.int64)
+        else:
+            pos = rm.to(tl.int64)
+            slot = pos
+        return pos, slot
+
+    @triton.jit
+    def _rope_write_tile(a, b, j, rm, mmask, q_ptr, sq_m, pos, slot, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, HALF: tl.constexpr):  # fmt: skip
         """Finish a qkv GEMV tile as ``rope_write_kv`` would: ``a``, ``b`` are ``(rows, P)`` fp32 pairs.
 
         Pair ``j`` is column ``d = j % HALF`` of head ``j // HALF`` of ``[q; k; v]`` (``a``) and the
         column ``HALF`` after it (``b``), each already rounded to the output dtype, as the product the
         unfused kernel loads. q pairs are rotated into ``q_ptr`` (``(M, QN)``), k pairs rotated and v
         pairs as they are into the caches at the row's slot (``KVN`` elements a slot); a negative
-        slot writes no cache.
+        slot writes no cache. ``pos`` and ``slot`` are the rows' (``_rope_rows``).
         """
         d = j % HALF  # (P,)
         col = (j // HALF) * (2 * HALF) + d  # (P,) a's column of [q; k; v]
         ok = mmask[:, None] & (col < QN + 2 * KVN)[None, :]  # (rows, P)
-        pos = tl.load(pos_ptr + rm, mask=mmask, other=0).to(tl.int64)[:, None]  # (rows, 1)
+        pos = pos[:, None]  # (rows, 1)
         c = tl.load(cos_ptr + pos * s_cos + d[None, :], mask=ok, other=0.0)
         s = tl.load(sin_ptr + pos * s_cos + d[None, :], mask=ok, other=0.0)
         rot = (col < QN + KVN)[None, :]
@@ -107,7 +125,7 @@ if triton is not None:
         q_at = q_ptr + rm[:, None] * sq_m + col[None, :]
         tl.store(q_at, ra.to(q_ptr.dtype.element_ty), mask=is_q)
         tl.store(q_at + HALF, rb.to(q_ptr.dtype.element_ty), mask=is_q)
-        slot = tl.load(slot_ptr + rm, mask=mmask, other=-1).to(tl.int64)[:, None]  # (rows, 1)
+        slot = slot[:, None]  # (rows, 1)
         cached = ok & (slot >= 0)
         is_k = cached & ((col >= QN) & (col < QN + KVN))[None, :]
         k_at = kc_ptr + slot * KVN + (col - QN)[None, :]
