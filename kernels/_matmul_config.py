@@ -38,7 +38,8 @@ class Config:
     """Rows per program on the tiled path."""
     prefetch: bool = False
     """GEMV path: load the first weight tile before the PDL wait (the weight is no earlier kernel's
-    output, so the load overlaps the previous kernel's tail)."""
+    output, so the load overlaps the previous kernel's tail); the int4 half2 loop then keeps loading
+    a tile ahead."""
 
 
 _CONFIGS: dict[tuple[str, int, int, int], Config] = {}
@@ -136,19 +137,21 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             bn, bk, warps, prefetch = (8, 512, 8, True) if 4096 < n <= 8192 else (2, 1024, 2, True)
         elif k_iter_cols >= 4096:
             # NOTE(h7): the int4 GEMV over the 8B down projection (K 14,336: 7,168 bytes a half) on the
-            # H100: 16 rows x 256 bytes over 1 warp, K split 8 ways, 18.6 us, where the 16 x 512 tile
-            # below, split twice, took 23.0 (2026-11-26)
-            bn, bk, warps, split = 16, 256, 1, 8
+            # H100, products on half2 FMAs (kernels.int4_gemv._h2_dot): 32 rows x 256 bytes over 2
+            # warps, K split 8 ways, a tile in flight (prefetch), 16.6 us, where the fp32 FMA loop's
+            # best (16 x 256 over 1 warp) took 17.5 (2026-11-27)
+            bn, bk, warps, split, prefetch = 32, 256, 2, 8, True
         elif k_iter_cols >= 1024 and n <= 8192:
-            # NOTE(h7): the int4 GEMV over the 8B qkv (6,144 columns) and o on the H100, K split in
-            # two: 8 rows x 512 bytes over 1 warp for qkv (8.5 and 8.75 us in two tunings), 16 rows
-            # over 4 warps for o (7.05-7.1 us in three; the 16 x 512 tile below, 2 warps, took 8.8)
-            bn, warps = (8, 1) if n > 4096 else (16, 4)
-            bk, prefetch, split = 512, True, 2
+            # NOTE(h7): the half2 int4 GEMV over the 8B qkv (6,144 columns) and o on the H100, a tile
+            # in flight: 16 rows x 512 bytes over 4 warps, K split in two, for qkv (8.8 us), 32 rows
+            # over 2 warps split 4 ways for o (6.8); the fp32 FMA loop took 8.8 and 7.2 (2026-11-27)
+            bn, warps, split = (16, 4, 2) if n > 4096 else (32, 2, 4)
+            bk, prefetch = 512, True
         elif k_iter_cols >= 1024:
-            # NOTE(h7): the int4 GEMV over the 8B shapes (PTX nibble unpack): 16 rows x 512 bytes over
-            # 2 warps was the fastest for gate_up and the LM head
-            bn, bk, warps = 16, 512, 2
+            # NOTE(h7): the half2 int4 GEMV over the 8B gate_up and LM head on the H100: 8 rows x 1,024
+            # bytes over 2 warps, 25.3 and 103.3 us, where the fp32 FMA loop's best tile (16 x 512
+            # over 2 warps) took 27.4 and 104.7; a tile in flight took them to 26.1 and 104.8 at best
+            bn, bk, warps = 8, 1024, 2
         elif n * k_iter_cols > 1 << 22:
             # NOTE(h7): the int4 GEMV over SmolLM2's LM head (49,152 x 576, GGUF's group of 32) on the
             # H100 at batch 1: 16 rows x 128 bytes over 1 warp, 13.2 us, where 32 rows over 4 warps
@@ -178,6 +181,6 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
         while tiles * split < 4 * sms and k_iter_cols // (bk * split * 2) >= 4:
             split *= 2
     # NOTE(h7): the first weight tile before the PDL wait took 0.6-2.6 us off each dense and int8
-    # GEMV of the 8B shapes on the H100; the int4 GEMV's larger shapes lost up to 15 us to it (its
-    # registers doubled), so int4 leaves it to tuning
+    # GEMV of the 8B shapes on the H100; the int4 fp32 loop's larger shapes lost up to 15 us to it
+    # (its registers doubled), so int4 sets it only where it was measured (the half2 loop, above)
     return Config(path, bn, bk, split, num_warps=warps, prefetch=prefetch)

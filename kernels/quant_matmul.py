@@ -8,7 +8,8 @@ a tile to the activation dtype and feeds ``tl.dot``. Both can split K over progr
 would not fill the GPU (``kernels._matmul_launch`` finishes the split in the same launch). The GEMV
 path can take a ``[gate; up]`` weight and write ``silu(gate) * up`` (``glu``), or a ``[q; k; v]``
 weight and write rotary and the KV cache (``rope``), which saves the activation's or the rotary's
-own launch; the tiled path runs that kernel after instead.
+own launch; the tiled path runs that kernel after instead. The int4 GEMV's inner loop, on fp32 or
+half2 FMAs, is ``kernels.int4_gemv``'s.
 
 Owns the kernels and the launchers. Per-group int8 and int4 with group 32 are what GGUF Q8_0 and
 Q4_1 blocks repack into (``kernels.gguf_blocks``). The weight layouts and the semantics are in
@@ -28,6 +29,7 @@ from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, tl, triton
 from kernels._matmul_config import GEMV_MAX_ROWS, Config, Kind, config_for, set_config
 from kernels._matmul_launch import check_epilogue, finish_unfused, launch
+from kernels.int4_gemv import HALF2_MIN_BYTES, _half2_tile
 
 if TYPE_CHECKING:
     from kernels.rope_kv import RopeKV
@@ -37,6 +39,7 @@ __all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set
 if triton is not None:
     from kernels._common import pdl_enter, pdl_enter_after_wait
     from kernels._matmul_launch import _program_tile, _store_tile
+    from kernels.int4_gemv import _int4_gemv_step, _int4_h2_step, _word_tile
     from kernels.rope_kv import _rope_rows
 
     @triton.jit
@@ -188,103 +191,6 @@ if triton is not None:
         )  # fmt: skip
 
     @triton.jit
-    def _nibbles_f32(b, ASM: tl.constexpr):
-        """``(1 + lo / 2048, 1 + hi / 128)`` of each byte of a uint8 tensor, exactly, with no int -> float conversion.
-
-        The low nibble goes to mantissa bits 12-15 of 1.0, the high one to bits 16-19. With ASM, one
-        shift serves a pair of nibbles of four bytes held in one register (a 32-bit word: byte i
-        shifted by 12 - 8 i), then one AND-OR each: 3 integer ops a byte, where the elementwise form
-        also widens each byte to 32 bits first. NOTE(h7): ncu on the LM-head GEMV before this change:
-        the ALU pipe 75.5 % busy at 61 % of DRAM bandwidth; after it the kernels ran 6-22 % faster.
-        """
-        if ASM:
-            lo, hi = tl.inline_asm_elementwise(
-                asm="""{
-                .reg .b32 a, b, c, d, ml, mh, one;
-                mov.b32 ml, 0xF000;
-                mov.b32 mh, 0xF0000;
-                mov.b32 one, 0x3F800000;
-                shl.b32 a, $8, 12;
-                shl.b32 b, $8, 4;
-                shr.u32 c, $8, 4;
-                shr.u32 d, $8, 12;
-                lop3.b32 $0, a, ml, one, 0xEA;
-                lop3.b32 $1, b, ml, one, 0xEA;
-                lop3.b32 $2, c, ml, one, 0xEA;
-                lop3.b32 $3, d, ml, one, 0xEA;
-                lop3.b32 $4, a, mh, one, 0xEA;
-                lop3.b32 $5, b, mh, one, 0xEA;
-                lop3.b32 $6, c, mh, one, 0xEA;
-                lop3.b32 $7, d, mh, one, 0xEA;
-                }""",
-                constraints="=r,=r,=r,=r,=r,=r,=r,=r,r",
-                args=[b],
-                dtype=(tl.int32, tl.int32),
-                is_pure=True,
-                pack=4,
-            )
-        else:
-            w = b.to(tl.int32) << 12
-            lo = (w & 0xF000) | 0x3F800000
-            hi = (w & 0xF0000) | 0x3F800000
-        return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _int4_gemv_step(
-        acc2,
-        b,
-        k0,
-        x_row,
-        K2,
-        s_ptr,
-        z_ptr,
-        rn,
-        ss_n,
-        nmask,
-        G: tl.constexpr,
-        EXACT: tl.constexpr,
-        ASM: tl.constexpr,
-    ):
-        """One K step of the int4 GEMV at byte ``k0``: ``b`` is its ``(BLOCK_N, BLOCK_K)`` packed tile.
-
-        ``acc2`` is ``(BLOCK_N, BLOCK_K / G)`` group sums, both halves'.
-
-        NOTE(h7): no int -> float conversion (a quarter of the FP32 rate on Hopper; two a byte capped
-        this loop at ~1.9 TB/s). The nibbles go into the mantissa of 1.0 (``_nibbles_f32``):
-        f = 1 + q / c exactly (c = 2048 low, 128 high). Per group, sum((q - 8) s x + z x) =
-        c s sum(f x) + (z - (c + 8) s) sum(x).
-        NOTE(gguf_native): f x carries q in its low bits, which costs log2(c) bits (~1e-4 relative at
-        c = 2048): nothing against bf16, but fp32 activations (EXACT) take f - 1 = q / c exactly first,
-        one more FP op, and then c s sum((f - 1) x) + (z - 8 s) sum(x).
-        """
-        BLOCK_N: tl.constexpr = b.shape[0]
-        BLOCK_K: tl.constexpr = b.shape[1]
-        NG: tl.constexpr = BLOCK_K // G  # groups per step and half
-        OFF: tl.constexpr = 1.0 if EXACT else 0.0
-        HI_GROUPS = K2 // G  # group index offset of the high half
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < K2
-        rg = k0 // G + tl.arange(0, NG)
-        gmask = nmask[:, None] & (rg < HI_GROUPS)[None, :]
-        f_lo, f_hi = _nibbles_f32(b, ASM)
-        x_lo = tl.load(x_row + rk, mask=kmask, other=0.0).to(tl.float32)  # (BLOCK_K,)
-        x_hi = tl.load(x_row + K2 + rk, mask=kmask, other=0.0).to(tl.float32)
-        if EXACT:
-            f_lo, f_hi = f_lo - 1.0, f_hi - 1.0
-        t_lo = tl.sum(tl.reshape(f_lo * x_lo[None, :], (BLOCK_N, NG, G)), axis=2)  # (BLOCK_N, NG)
-        t_hi = tl.sum(tl.reshape(f_hi * x_hi[None, :], (BLOCK_N, NG, G)), axis=2)
-        xs_lo = tl.sum(tl.reshape(x_lo, (NG, G)), axis=1)[None, :]  # (1, NG)
-        xs_hi = tl.sum(tl.reshape(x_hi, (NG, G)), axis=1)[None, :]
-        s_off = rn[:, None] * ss_n + rg[None, :]
-        s_lo = tl.load(s_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
-        z_lo = tl.load(z_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
-        s_hi = tl.load(s_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)
-        z_hi = tl.load(z_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)
-        acc2 += (2048.0 * s_lo) * t_lo + (z_lo - (2056.0 - 2048.0 * OFF) * s_lo) * xs_lo
-        acc2 += (128.0 * s_hi) * t_hi + (z_hi - (136.0 - 128.0 * OFF) * s_hi) * xs_hi
-        return acc2
-
-    @triton.jit
     def _int4_kernel(
         x_ptr,  # (M, K) activations
         w_ptr,  # (N, K/2) uint8: column j low nibble, column j + K/2 high nibble
@@ -321,6 +227,7 @@ if triton is not None:
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
         EXACT: tl.constexpr = False,  # GEMV: fp32 activations, keep every bit of sum(q x)
         ASM: tl.constexpr = False,  # GEMV: unpack the nibbles with inline PTX (compiled kernels only)
+        H2: tl.constexpr = False,  # GEMV: products on half2 FMAs (_h2_dot; compiled kernels only, not EXACT)
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
@@ -329,26 +236,43 @@ if triton is not None:
         ks = tl.program_id(2)
         HI_GROUPS = K2 // G  # group index offset of the high half
         if GEMV:
-            # NOTE(h7): PREFETCH peels the first step, which doubled this kernel's registers (16 x 512
-            # bytes, 2 warps: 127 -> 254 a thread, 168 -> 255 with SiLU-and-mul on the loads; ptxas):
-            # on the H100's 8B shapes qkv 10.2 -> 9.2 us and
-            # o 7.5 -> 7.1, but gate_up 27.0 -> 30.0, down 19.7 -> 20.6, LM head 104.8 -> 120.2
             NG: tl.constexpr = BLOCK_K // G  # groups per step and half
-            w_ptrs = w_ptr + rn[:, None] * sw_n
             x_row = x_ptr + rm * sx_m
             k_lo = ks * K_SPLIT
+            k_end = k_lo + K_SPLIT
             acc2 = tl.zeros((BLOCK_N, NG), tl.float32)
-            if PREFETCH:  # see _dense_gemv_kernel
-                rk = k_lo + tl.arange(0, BLOCK_K)
-                b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
-            pdl_enter_after_wait(PDL)
-            if PREFETCH:
-                acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
-            k_first = k_lo + BLOCK_K * PREFETCH
-            for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
-                rk = k0 + tl.arange(0, BLOCK_K)
-                b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
-                acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
+            if H2:
+                # NOTE(h7): PREFETCH here keeps one tile in flight: the first loads before the PDL wait,
+                # and each step loads the next before its products (one more tile of registers, no
+                # peeled step). On the H100's 8B shapes, each with its best tile: qkv 9.7 -> 8.8 us,
+                # o 7.7 -> 6.8, down 17.4 -> 16.6; gate_up 25.3 -> 26.1 and the LM head 102.3 -> 104.8
+                w32 = w_ptr.to(tl.pointer_type(tl.int32)) + rn[:, None] * (sw_n // 4)
+                if PREFETCH:
+                    wq = _word_tile(w32, k_lo, k_end, K2, nmask, BLOCK_K)
+                pdl_enter_after_wait(PDL)
+                for k0 in range(k_lo, k_end, BLOCK_K):
+                    if PREFETCH:
+                        cur = wq
+                        wq = _word_tile(w32, k0 + BLOCK_K, k_end, K2, nmask, BLOCK_K)
+                    else:
+                        cur = _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K)
+                    acc2 = _int4_h2_step(acc2, cur, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G)
+            else:
+                # NOTE(h7): PREFETCH peels the first step, which doubled this loop's registers (16 x 512
+                # bytes, 2 warps: 127 -> 254 a thread, 168 -> 255 with SiLU-and-mul on the loads; ptxas):
+                # on the H100's 8B shapes qkv 10.2 -> 9.2 us and
+                # o 7.5 -> 7.1, but gate_up 27.0 -> 30.0, down 19.7 -> 20.6, LM head 104.8 -> 120.2
+                w_ptrs = w_ptr + rn[:, None] * sw_n
+                if PREFETCH:  # see _dense_gemv_kernel
+                    rk = k_lo + tl.arange(0, BLOCK_K)
+                    b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
+                pdl_enter_after_wait(PDL)
+                if PREFETCH:
+                    acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
+                for k0 in range(k_lo + BLOCK_K * PREFETCH, k_end, BLOCK_K):
+                    rk = k0 + tl.arange(0, BLOCK_K)
+                    b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
+                    acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
             pdl_enter_after_wait(PDL)
@@ -496,6 +420,6 @@ def int4_matmul(
     strides = (x.stride(0), packed.stride(0), scales.stride(0))
     exact = x.dtype == torch.float32
     asm = x.is_cuda and not interpreting()
-    return launch(
-        _int4_kernel, x, n, k2, cfg, (packed, scales, zeros), strides, glu, rope, G=group_size, EXACT=exact, ASM=asm
-    )
+    h2 = asm and not exact and k2 >= HALF2_MIN_BYTES and _half2_tile(cfg) and packed.data_ptr() % 16 == 0
+    tensors = (packed, scales, zeros)
+    return launch(_int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope, G=group_size, EXACT=exact, ASM=asm, H2=h2)

@@ -81,9 +81,32 @@ def _default(kind: Kind, rows: int, n: int, k_iter: int, group: int) -> tuple[di
     return {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}, cfg.num_warps, cfg.prefetch
 
 
+def _words_a_thread(ttgir: str) -> list[int]:
+    """Contiguous elements a thread of ``kernels.int4_gemv._h2_dot``'s result (its half2 FMAs, 4 words a call)."""
+    out = []
+    for line in ttgir.splitlines():
+        if "packed_element = 4" in line and "fma.rn.f16x2" in line:
+            layout = re.search(r"-> tensor<[0-9x]+xf32, (#\w+)>", line)
+            assert layout, line
+            attr = re.search(rf"^{layout.group(1)} = .*sizePerThread = \[([0-9, ]+)\]", ttgir, re.M)
+            assert attr, layout.group(1)
+            out.append(int(attr.group(1).split(",")[-1]))
+    return out
+
+
 def cases() -> list[Case]:
     """The variants the launchers use, with their default configs' tile sizes and warps (the 8B down projection's)."""
-    from kernels import activation, argmax, dense_gemv, paged_attention, paged_prefill, quant_matmul, rmsnorm, rope_kv
+    from kernels import (
+        activation,
+        argmax,
+        dense_gemv,
+        int4_gemv,
+        paged_attention,
+        paged_prefill,
+        quant_matmul,
+        rmsnorm,
+        rope_kv,
+    )
 
     rope = {"pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
     mm = {"part_ptr": "*fp32", "cnt_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32", **rope}
@@ -105,7 +128,7 @@ def cases() -> list[Case]:
             )
             c = {**gemv, **tile, "GLU": False, "ROPE": half, "PREFETCH": prefetch}
             if kind == "int4":
-                c.update(G=32, EXACT=False)
+                c.update(G=32, EXACT=False, H2=rk // 2 >= int4_gemv.HALF2_MIN_BYTES)
             elif kind == "int8":
                 c["G"] = 0
             else:
@@ -129,14 +152,17 @@ def cases() -> list[Case]:
     w4 = {**mm, "w_ptr": "*u8"}
     tile, warps, _ = _default("int4", 1, n, k // 2, 128)
     for exact, prefetch in ((False, False), (True, False), (False, True)):  # int4 leaves the prefetch to tuning
-        c = {**gemv, **tile, "G": 128, "GLU": False, "EXACT": exact, "PREFETCH": prefetch}
+        c = {**gemv, **tile, "G": 128, "GLU": False, "EXACT": exact, "H2": not exact, "PREFETCH": prefetch}
         out.append(Case(f"int4 gemv exact={exact} prefetch={prefetch}", quant_matmul._int4_kernel, c, w4, warps))
     tile, warps, prefetch = _default("int4", 1, gu_n, gu_k // 2, 128)
-    c = {**gemv, **tile, "G": 128, "GLU": True, "EXACT": False, "PREFETCH": prefetch}
+    c = {**gemv, **tile, "G": 128, "GLU": True, "EXACT": False, "H2": True, "PREFETCH": prefetch}
     out.append(Case("int4 gemv glu", quant_matmul._int4_kernel, c, w4, warps))
+    for bn, bk, warps in ((16, 128, 4), (4, 512, 4), (2, 1024, 2)):  # the smallest tiles _half2_tile lets in
+        c = {**gemv, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "G": 32, "GLU": False, "EXACT": False, "H2": True}
+        out.append(Case(f"int4 gemv half2 {bn}x{bk}", quant_matmul._int4_kernel, {**c, "PREFETCH": True}, w4, warps))
     for small_n, small_k in ((576, 1536), (49152, 576)):  # SmolLM2's down and LM head, GGUF's group of 32
         tile, warps, prefetch = _default("int4", 1, small_n, small_k // 2, 32)
-        c = {**gemv, **tile, "G": 32, "GLU": False, "EXACT": False, "PREFETCH": prefetch}
+        c = {**gemv, **tile, "G": 32, "GLU": False, "EXACT": False, "H2": False, "PREFETCH": prefetch}
         out.append(Case(f"int4 gemv {small_n}x{small_k}", quant_matmul._int4_kernel, c, w4, warps))
     tile, warps, _ = _default("int4", 64, n, k // 2, 128)
     c = {**tiled, **tile, "G": 128, "GLU": False, "EXACT": False}
@@ -217,8 +243,11 @@ def main() -> int:
             src = ASTSource(fn, signature=sig, constexprs=consts, attrs=_attrs(fn, sig))
             kernel = triton.compile(src, target=GPUTarget(*TARGET), options={"num_warps": warps})
             regs, spills = _registers(kernel.asm["ptx"])
-            ok = bool(kernel.asm.get("cubin")) and spills == 0
-            print(f"{'ok' if ok else 'FAILED'}: {name} ({regs} registers, {spills} bytes spilled)")
+            # _h2_dot's 4 elements a call must be 4 consecutive words of a row (int4_gemv._half2_tile)
+            words = _words_a_thread(kernel.asm["ttgir"])
+            ok = bool(kernel.asm.get("cubin")) and spills == 0 and all(w % 4 == 0 for w in words)
+            half2 = f", {words[0]} words a thread" if words else ""
+            print(f"{'ok' if ok else 'FAILED'}: {name} ({regs} registers, {spills} bytes spilled{half2})")
             failed += not ok
         except Exception:  # noqa: BLE001 (report every case, then fail)
             print(f"FAILED: {name}\n{traceback.format_exc(limit=3)}")

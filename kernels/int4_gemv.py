@@ -1,0 +1,288 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
+"""The int4 GEMV's inner loop: one K step of ``kernels.quant_matmul._int4_kernel``'s GEMV path, two ways.
+
+On fp32 FMAs (``_int4_gemv_step``: fp32 activations, the interpreter, short rows), and on half2
+FMAs (``_int4_h2_step``: compiled kernels, bf16 or fp16 activations, rows of ``HALF2_MIN_BYTES``
+and more, tiles ``_half2_tile`` lets in). Both read the ``reference.quantize_int4`` layout and return
+the step's per-group sums. Owns those steps and the rule that picks one; does not own the kernel,
+its tiles (``kernels._matmul_config``) nor its launch (``kernels.quant_matmul``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kernels._common import tl, triton
+
+if TYPE_CHECKING:
+    from kernels._matmul_config import Config
+
+HALF2_MIN_BYTES = 1024
+"""Packed bytes a row (K / 2) from which the int4 GEMV takes bf16 and fp16 activations on half2 FMAs.
+
+NOTE(h7): on the H100 the half2 loop (``_int4_h2_step``) took the 8B shapes' GEMVs (K 4,096 and
+14,336) 0-8 % below the fp32 loop, each with its best tile (``kernels._matmul_config``), but was
+slower on SmolLM2's (K 576 and 1,536, GGUF's group of 32; 7.52 against 7.29 us a layer over its four
+GEMVs at their best tiles): each step builds its x pairs and loads its scales for fewer weights.
+"""
+
+
+def _half2_tile(cfg: Config) -> bool:
+    """Whether ``cfg``'s GEMV tile gives each thread whole 16-byte vectors of 4 words, as ``_h2_dot`` reads them.
+
+    NOTE(h7): ``_h2_dot`` takes 4 elements a call (``pack=4``) in a thread's register order, which
+    are 4 consecutive words of one row only if the tile's layout holds 4 a thread: Triton's coalescer
+    gives a thread 4 words (one 16-byte load, the weight 16-byte aligned) from 4 words a thread on, and
+    2 below (a 16 x 64-byte tile over 4 warps mixed rows and read garbage on the H100).
+    ``tests/kernels/sm90_build.py`` checks the layouts built.
+    """
+    return cfg.path == "gemv" and cfg.block_n * cfg.block_k >= 512 * cfg.num_warps
+
+
+if triton is not None:
+
+    @triton.jit
+    def _nibbles_f32(b, ASM: tl.constexpr):
+        """``(1 + lo / 2048, 1 + hi / 128)`` of each byte of a uint8 tensor, exactly, with no int -> float conversion.
+
+        The low nibble goes to mantissa bits 12-15 of 1.0, the high one to bits 16-19. With ASM, one
+        shift serves a pair of nibbles of four bytes held in one register (a 32-bit word: byte i
+        shifted by 12 - 8 i), then one AND-OR each: 3 integer ops a byte, where the elementwise form
+        also widens each byte to 32 bits first. NOTE(h7): ncu on the LM-head GEMV before this change:
+        the ALU pipe 75.5 % busy at 61 % of DRAM bandwidth; after it the kernels ran 6-22 % faster.
+        """
+        if ASM:
+            lo, hi = tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 a, b, c, d, ml, mh, one;
+                mov.b32 ml, 0xF000;
+                mov.b32 mh, 0xF0000;
+                mov.b32 one, 0x3F800000;
+                shl.b32 a, $8, 12;
+                shl.b32 b, $8, 4;
+                shr.u32 c, $8, 4;
+                shr.u32 d, $8, 12;
+                lop3.b32 $0, a, ml, one, 0xEA;
+                lop3.b32 $1, b, ml, one, 0xEA;
+                lop3.b32 $2, c, ml, one, 0xEA;
+                lop3.b32 $3, d, ml, one, 0xEA;
+                lop3.b32 $4, a, mh, one, 0xEA;
+                lop3.b32 $5, b, mh, one, 0xEA;
+                lop3.b32 $6, c, mh, one, 0xEA;
+                lop3.b32 $7, d, mh, one, 0xEA;
+                }""",
+                constraints="=r,=r,=r,=r,=r,=r,=r,=r,r",
+                args=[b],
+                dtype=(tl.int32, tl.int32),
+                is_pure=True,
+                pack=4,
+            )
+        else:
+            w = b.to(tl.int32) << 12
+            lo = (w & 0xF000) | 0x3F800000
+            hi = (w & 0xF0000) | 0x3F800000
+        return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _group_scales(s_ptr, z_ptr, rn, ss_n, rg, nmask, HI_GROUPS):
+        """Scales and zeros of rows ``rn`` at low-half groups ``rg`` and their high-half twins: ``(s_lo, z_lo, s_hi, z_hi)``."""
+        gmask = nmask[:, None] & (rg < HI_GROUPS)[None, :]
+        s_off = rn[:, None] * ss_n + rg[None, :]
+        s_lo = tl.load(s_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
+        z_lo = tl.load(z_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
+        s_hi = tl.load(s_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)
+        z_hi = tl.load(z_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)
+        return s_lo, z_lo, s_hi, z_hi
+
+    @triton.jit
+    def _int4_gemv_step(
+        acc2,
+        b,
+        k0,
+        x_row,
+        K2,
+        s_ptr,
+        z_ptr,
+        rn,
+        ss_n,
+        nmask,
+        G: tl.constexpr,
+        EXACT: tl.constexpr,
+        ASM: tl.constexpr,
+    ):
+        """One K step of the int4 GEMV at byte ``k0`` on fp32 FMAs: ``b`` is its ``(BLOCK_N, BLOCK_K)`` packed tile.
+
+        ``acc2`` is ``(BLOCK_N, BLOCK_K / G)`` group sums, both halves'. The path of fp32 activations
+        and of the interpreter; compiled kernels take bf16 and fp16 ones through ``_int4_h2_step``.
+
+        NOTE(h7): no int -> float conversion (a quarter of the FP32 rate on Hopper; two a byte capped
+        this loop at ~1.9 TB/s). The nibbles go into the mantissa of 1.0 (``_nibbles_f32``):
+        f = 1 + q / c exactly (c = 2048 low, 128 high). Per group, sum((q - 8) s x + z x) =
+        c s sum(f x) + (z - (c + 8) s) sum(x).
+        NOTE(gguf_native): f x carries q in its low bits, which costs log2(c) bits (~1e-4 relative at
+        c = 2048): nothing against bf16, but fp32 activations (EXACT) take f - 1 = q / c exactly first,
+        one more FP op, and then c s sum((f - 1) x) + (z - 8 s) sum(x).
+        """
+        BLOCK_N: tl.constexpr = b.shape[0]
+        BLOCK_K: tl.constexpr = b.shape[1]
+        NG: tl.constexpr = BLOCK_K // G  # groups per step and half
+        OFF: tl.constexpr = 1.0 if EXACT else 0.0
+        HI_GROUPS = K2 // G  # group index offset of the high half
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K2
+        f_lo, f_hi = _nibbles_f32(b, ASM)
+        x_lo = tl.load(x_row + rk, mask=kmask, other=0.0).to(tl.float32)  # (BLOCK_K,)
+        x_hi = tl.load(x_row + K2 + rk, mask=kmask, other=0.0).to(tl.float32)
+        if EXACT:
+            f_lo, f_hi = f_lo - 1.0, f_hi - 1.0
+        t_lo = tl.sum(tl.reshape(f_lo * x_lo[None, :], (BLOCK_N, NG, G)), axis=2)  # (BLOCK_N, NG)
+        t_hi = tl.sum(tl.reshape(f_hi * x_hi[None, :], (BLOCK_N, NG, G)), axis=2)
+        xs_lo = tl.sum(tl.reshape(x_lo, (NG, G)), axis=1)[None, :]  # (1, NG)
+        xs_hi = tl.sum(tl.reshape(x_hi, (NG, G)), axis=1)[None, :]
+        s_lo, z_lo, s_hi, z_hi = _group_scales(s_ptr, z_ptr, rn, ss_n, k0 // G + tl.arange(0, NG), nmask, HI_GROUPS)
+        acc2 += (2048.0 * s_lo) * t_lo + (z_lo - (2056.0 - 2048.0 * OFF) * s_lo) * xs_lo
+        acc2 += (128.0 * s_hi) * t_hi + (z_hi - (136.0 - 128.0 * OFF) * s_hi) * xs_hi
+        return acc2
+
+    @triton.jit
+    def _h2_dot(w, xa, xb, xc, xd):
+        """``sum((q - 8) x)`` over each 4 consecutive words of a row, low and high halves apart, on half2 FMAs.
+
+        ``w``: int32 words of the ``quantize_int4`` layout (bytes ``j..j+3`` of a row: columns
+        ``j..j+3`` in the low nibbles, ``j + K/2..`` in the high ones). ``xa`` / ``xb``: fp16 pairs of x
+        at columns ``(j, j+2)`` / ``(j+1, j+3)``; ``xc`` / ``xd`` the same of the high half, divided by
+        16 (``_half_pairs``). Per 4 words, fp32 ``[lo, lo, hi, hi]`` (each half2 lane's sum).
+
+        One AND-OR puts two nibbles into the mantissas of a half2 of 1024 (low nibbles: 1024 + q;
+        high: 1024 + 16 q, which x / 16 takes back), one subtraction leaves ``q - 8`` exactly (or
+        ``16 (q - 8)``), one FMA adds the pair's products: 13 instructions a word, 8 weights, with one
+        shift. NOTE(h7): fp16 is the price: each lane sums 8 products (``|q - 8| <= 8``) before fp32
+        takes over, so a column of x stays finite up to |x| * 64 < 65504 / 4 with x scaled by a quarter
+        (|x| <= 4,094 where every product of a lane has the same sign), and x keeps fp16's 11 bits
+        down to |x| = 2^-12. The relative error against ``reference.int4_matmul`` on the 8B shapes
+        stayed at bf16's rounding (1.70e-3 against 1.67e-3 for the fp32 path). Compiled kernels only
+        (the interpreter runs no PTX).
+        """
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 t, a, b, c, d, ml, mh, mg, kl, kh, la, lb, ha, hb;
+            .reg .b16 h0, h1;
+            mov.b32 ml, 0x000F000F;
+            mov.b32 mh, 0x00F000F0;
+            mov.b32 mg, 0x64006400;
+            mov.b32 kl, 0x64086408;
+            mov.b32 kh, 0x64806480;
+            lop3.b32 a, $4, ml, mg, 0xEA;
+            lop3.b32 c, $4, mh, mg, 0xEA;
+            shr.u32 t, $4, 8;
+            lop3.b32 b, t, ml, mg, 0xEA;
+            lop3.b32 d, t, mh, mg, 0xEA;
+            sub.f16x2 a, a, kl;
+            sub.f16x2 b, b, kl;
+            sub.f16x2 c, c, kh;
+            sub.f16x2 d, d, kh;
+            mul.rn.f16x2 la, a, $8;
+            fma.rn.f16x2 la, b, $12, la;
+            mul.rn.f16x2 ha, c, $16;
+            fma.rn.f16x2 ha, d, $20, ha;
+            lop3.b32 a, $5, ml, mg, 0xEA;
+            lop3.b32 c, $5, mh, mg, 0xEA;
+            shr.u32 t, $5, 8;
+            lop3.b32 b, t, ml, mg, 0xEA;
+            lop3.b32 d, t, mh, mg, 0xEA;
+            sub.f16x2 a, a, kl;
+            sub.f16x2 b, b, kl;
+            sub.f16x2 c, c, kh;
+            sub.f16x2 d, d, kh;
+            fma.rn.f16x2 la, a, $9, la;
+            fma.rn.f16x2 la, b, $13, la;
+            fma.rn.f16x2 ha, c, $17, ha;
+            fma.rn.f16x2 ha, d, $21, ha;
+            lop3.b32 a, $6, ml, mg, 0xEA;
+            lop3.b32 c, $6, mh, mg, 0xEA;
+            shr.u32 t, $6, 8;
+            lop3.b32 b, t, ml, mg, 0xEA;
+            lop3.b32 d, t, mh, mg, 0xEA;
+            sub.f16x2 a, a, kl;
+            sub.f16x2 b, b, kl;
+            sub.f16x2 c, c, kh;
+            sub.f16x2 d, d, kh;
+            mul.rn.f16x2 lb, a, $10;
+            fma.rn.f16x2 lb, b, $14, lb;
+            mul.rn.f16x2 hb, c, $18;
+            fma.rn.f16x2 hb, d, $22, hb;
+            lop3.b32 a, $7, ml, mg, 0xEA;
+            lop3.b32 c, $7, mh, mg, 0xEA;
+            shr.u32 t, $7, 8;
+            lop3.b32 b, t, ml, mg, 0xEA;
+            lop3.b32 d, t, mh, mg, 0xEA;
+            sub.f16x2 a, a, kl;
+            sub.f16x2 b, b, kl;
+            sub.f16x2 c, c, kh;
+            sub.f16x2 d, d, kh;
+            fma.rn.f16x2 lb, a, $11, lb;
+            fma.rn.f16x2 lb, b, $15, lb;
+            fma.rn.f16x2 hb, c, $19, hb;
+            fma.rn.f16x2 hb, d, $23, hb;
+            add.rn.f16x2 la, la, lb;
+            add.rn.f16x2 ha, ha, hb;
+            mov.b32 {h0, h1}, la;
+            cvt.f32.f16 $0, h0;
+            cvt.f32.f16 $1, h1;
+            mov.b32 {h0, h1}, ha;
+            cvt.f32.f16 $2, h0;
+            cvt.f32.f16 $3, h1;
+            }""",
+            constraints="=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+            args=[w, xa, xb, xc, xd],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=4,
+        )
+
+    @triton.jit
+    def _half_pairs(x_row, rc, cmask, scale):
+        """The x of words ``rc`` as ``_h2_dot`` takes it, times ``scale``: fp16 pairs in int32, and their fp32 sum.
+
+        Returns ``((x[4c], x[4c+2]), (x[4c+1], x[4c+3]), x[4c] + ... + x[4c+3])`` for each word ``c``.
+        """
+        x0 = tl.load(x_row + 4 * rc, mask=cmask, other=0.0).to(tl.float32)
+        x1 = tl.load(x_row + 4 * rc + 1, mask=cmask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + 4 * rc + 2, mask=cmask, other=0.0).to(tl.float32)
+        x3 = tl.load(x_row + 4 * rc + 3, mask=cmask, other=0.0).to(tl.float32)
+        h0 = (x0 * scale).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        h1 = (x1 * scale).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        h2 = (x2 * scale).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+        h3 = (x3 * scale).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+        return h0 | (h2 << 16), h1 | (h3 << 16), x0 + x1 + x2 + x3
+
+    @triton.jit
+    def _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K: tl.constexpr):
+        """The ``(BLOCK_N, BLOCK_K / 4)`` int32 words of a packed int4 tile at byte ``k0`` (zeros at or past ``k_end``)."""
+        rc = k0 // 4 + tl.arange(0, BLOCK_K // 4)
+        return tl.load(w32 + rc[None, :], mask=nmask[:, None] & ((rc < K2 // 4) & (k0 < k_end))[None, :], other=0)
+
+    @triton.jit
+    def _int4_h2_step(acc2, wq, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G: tl.constexpr):
+        """``_int4_gemv_step`` on half2 FMAs (``_h2_dot``): ``wq`` is the step's ``(BLOCK_N, BLOCK_K / 4)`` int32 words.
+
+        Per group, ``sum((q - 8) s x + z x) = 4 s sum((q - 8) x / 4) + z sum(x)``.
+        """
+        BLOCK_N: tl.constexpr = wq.shape[0]
+        BLOCK_W: tl.constexpr = wq.shape[1]
+        NG: tl.constexpr = BLOCK_W * 4 // G  # groups per step and half
+        rc = k0 // 4 + tl.arange(0, BLOCK_W)
+        cmask = rc < K2 // 4
+        xa, xb, xs_lo = _half_pairs(x_row, rc, cmask, 0.25)
+        xc, xd, xs_hi = _half_pairs(x_row + K2, rc, cmask, 0.25 / 16.0)
+        o = _h2_dot(wq, xa[None, :], xb[None, :], xc[None, :], xd[None, :])  # (BLOCK_N, BLOCK_W)
+        o4 = tl.reshape(o, (BLOCK_N, BLOCK_W // 4, 2, 2))  # [lo, lo, hi, hi] of each 4 words
+        lo, hi = tl.split(tl.permute(o4, (0, 1, 3, 2)))  # (BLOCK_N, BLOCK_W / 4, 2) each
+        t_lo = tl.sum(tl.reshape(lo, (BLOCK_N, NG, G // 8)), axis=2)  # (BLOCK_N, NG)
+        t_hi = tl.sum(tl.reshape(hi, (BLOCK_N, NG, G // 8)), axis=2)
+        xs_lo = tl.sum(tl.reshape(xs_lo, (NG, G // 4)), axis=1)[None, :]  # (1, NG)
+        xs_hi = tl.sum(tl.reshape(xs_hi, (NG, G // 4)), axis=1)[None, :]
+        s_lo, z_lo, s_hi, z_hi = _group_scales(s_ptr, z_ptr, rn, ss_n, k0 // G + tl.arange(0, NG), nmask, K2 // G)
+        acc2 += (4.0 * s_lo) * t_lo + z_lo * xs_lo
+        acc2 += (4.0 * s_hi) * t_hi + z_hi * xs_hi
+        return acc2
