@@ -81,7 +81,7 @@ def candidates(kind: Literal["int8", "int4", "dense"], m: int, group: int) -> li
     out: list[Config] = []
     if kind == "int4" and m <= 4:
         for bn in (2, 4, 8, 16, 32, 64):  # 2: the narrow tiles the small (SmolLM2) shapes tuned to in int8
-            for bk in (b for b in (128, 256, 512) if b % group == 0):
+            for bk in (b for b in (128, 256, 512, 1024) if b % group == 0):
                 for warps in (1, 2, 4, 8) if bn >= 32 else (1, 2, 4):
                     for split in (1, 2, 4, 8):
                         out += [Config("gemv", bn, bk, split, num_warps=warps, prefetch=pf) for pf in (False, True)]

@@ -139,18 +139,19 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             # NOTE(h7): the int4 GEMV over the 8B down projection (K 14,336: 7,168 bytes a half) on the
             # H100, products on half2 FMAs (kernels.int4_gemv._h2_dot): 32 rows x 256 bytes over 2
             # warps, K split 8 ways, a tile in flight (prefetch), 16.6 us, where the fp32 FMA loop's
-            # best (16 x 256 over 1 warp) took 17.5 (2026-11-27)
+            # best (16 x 256 over 1 warp, no prefetch) took 17.5 (2026-11-27)
             bn, bk, warps, split, prefetch = 32, 256, 2, 8, True
         elif k_iter_cols >= 1024 and n <= 8192:
             # NOTE(h7): the half2 int4 GEMV over the 8B qkv (6,144 columns) and o on the H100, a tile
             # in flight: 16 rows x 512 bytes over 4 warps, K split in two, for qkv (8.8 us), 32 rows
-            # over 2 warps split 4 ways for o (6.8); the fp32 FMA loop took 8.8 and 7.2 (2026-11-27)
+            # over 2 warps split 4 ways for o (6.8); the fp32 FMA loop's best took 8.8 and 7.2 (its
+            # tiles before, with its peeled prefetch; 2026-11-27)
             bn, warps, split = (16, 4, 2) if n > 4096 else (32, 2, 4)
             bk, prefetch = 512, True
         elif k_iter_cols >= 1024:
             # NOTE(h7): the half2 int4 GEMV over the 8B gate_up and LM head on the H100: 8 rows x 1,024
-            # bytes over 2 warps, 25.3 and 103.3 us, where the fp32 FMA loop's best tile (16 x 512
-            # over 2 warps) took 27.4 and 104.7; a tile in flight took them to 26.1 and 104.8 at best
+            # bytes over 2 warps, 25.3 and 103.3 us; the fp32 FMA loop's best tiles of up to 512 bytes
+            # took 27.4 and 104.7 (it was not timed at 1,024); a tile in flight, 26.1 and 104.8 at best
             bn, bk, warps = 8, 1024, 2
         elif n * k_iter_cols > 1 << 22:
             # NOTE(h7): the int4 GEMV over SmolLM2's LM head (49,152 x 576, GGUF's group of 32) on the

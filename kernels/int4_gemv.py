@@ -20,10 +20,15 @@ if TYPE_CHECKING:
 HALF2_MIN_BYTES = 1024
 """Packed bytes a row (K / 2) from which the int4 GEMV takes bf16 and fp16 activations on half2 FMAs.
 
-NOTE(h7): on the H100 the half2 loop (``_int4_h2_step``) took the 8B shapes' GEMVs (K 4,096 and
-14,336) 0-8 % below the fp32 loop, each with its best tile (``kernels._matmul_config``), but was
-slower on SmolLM2's (K 576 and 1,536, GGUF's group of 32; 7.52 against 7.29 us a layer over its four
-GEMVs at their best tiles): each step builds its x pairs and loads its scales for fewer weights.
+NOTE(h7): on the H100, over the 8B shapes (K 4,096 and 14,336) at the same tiles without prefetch,
+the half2 loop's best ran within 1.5 % of the fp32 loop's (its 14 % fewer instructions bought no
+time: the loop waits on memory, not on issue). What it adds is a cheap tile in flight
+(``Config.prefetch``: one more tile of registers, where the fp32 loop peels a step and doubles
+them): qkv 8.8, o 6.8, down 16.6 us against the fp32 loop's best 8.8, 7.2, 17.5; gate_up and the LM
+head took an 8 x 1,024-byte tile (25.3, 102.3 against 27.4, 104.7 at 512 bytes), which the fp32
+loop was not timed at. On SmolLM2's rows (K 576 and 1,536, GGUF's group of 32) it was slower:
+7.47 against 7.31 us a layer over its four GEMVs at their best tiles
+(``bench/probe_int4_loops.py``), each step building its x pairs for fewer weights.
 """
 
 

@@ -34,7 +34,7 @@ from kernels.int4_gemv import HALF2_MIN_BYTES, _half2_tile
 if TYPE_CHECKING:
     from kernels.rope_kv import RopeKV
 
-__all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
+__all__ = ["GEMV_MAX_ROWS", "HALF2_MIN_BYTES", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
 
 if triton is not None:
     from kernels._common import pdl_enter, pdl_enter_after_wait
