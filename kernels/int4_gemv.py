@@ -44,7 +44,51 @@ def _half2_tile(cfg: Config) -> bool:
     return cfg.path == "gemv" and cfg.block_n * cfg.block_k >= 512 * cfg.num_warps
 
 
+def _h2_asm() -> str:
+    """``_h2_dot``'s PTX: operands ``$0-$3`` the fp32 sums, ``$4-$7`` the words, ``$8-$23`` x's pairs (a, b, c, d)."""
+    lines = [
+        ".reg .b32 t, a, b, c, d, ml, mh, mg, kl, kh, la, lb, ha, hb;",
+        ".reg .b16 h0, h1;",
+        "mov.b32 ml, 0x000F000F;",  # the low nibbles of bytes 0 and 2 (after the shift, 1 and 3)
+        "mov.b32 mh, 0x00F000F0;",  # their high nibbles, 16 times their value
+        "mov.b32 mg, 0x64006400;",  # 1024 in each half
+        "mov.b32 kl, 0x64086408;",  # 1024 + 8
+        "mov.b32 kh, 0x64806480;",  # 1024 + 16 * 8
+    ]
+    for i in range(4):  # words 0 and 1 sum into la / ha, 2 and 3 into lb / hb
+        lo, hi = ("la", "ha") if i < 2 else ("lb", "hb")
+        first = i % 2 == 0
+        w, xa, xb, xc, xd = (f"${4 + i + 4 * j}" for j in range(5))
+        lines += [
+            f"lop3.b32 a, {w}, ml, mg, 0xEA;",  # (w & m) | 1024
+            f"lop3.b32 c, {w}, mh, mg, 0xEA;",
+            f"shr.u32 t, {w}, 8;",
+            "lop3.b32 b, t, ml, mg, 0xEA;",
+            "lop3.b32 d, t, mh, mg, 0xEA;",
+            "sub.f16x2 a, a, kl;",
+            "sub.f16x2 b, b, kl;",
+            "sub.f16x2 c, c, kh;",
+            "sub.f16x2 d, d, kh;",
+            f"mul.rn.f16x2 {lo}, a, {xa};" if first else f"fma.rn.f16x2 {lo}, a, {xa}, {lo};",
+            f"fma.rn.f16x2 {lo}, b, {xb}, {lo};",
+            f"mul.rn.f16x2 {hi}, c, {xc};" if first else f"fma.rn.f16x2 {hi}, c, {xc}, {hi};",
+            f"fma.rn.f16x2 {hi}, d, {xd}, {hi};",
+        ]
+    lines += [
+        "add.rn.f16x2 la, la, lb;",
+        "add.rn.f16x2 ha, ha, hb;",
+        "mov.b32 {h0, h1}, la;",
+        "cvt.f32.f16 $0, h0;",
+        "cvt.f32.f16 $1, h1;",
+        "mov.b32 {h0, h1}, ha;",
+        "cvt.f32.f16 $2, h0;",
+        "cvt.f32.f16 $3, h1;",
+    ]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
 if triton is not None:
+    _H2_ASM = tl.constexpr(_h2_asm())
 
     @triton.jit
     def _nibbles_f32(b, ASM: tl.constexpr):
@@ -161,83 +205,16 @@ if triton is not None:
         One AND-OR puts two nibbles into the mantissas of a half2 of 1024 (low nibbles: 1024 + q;
         high: 1024 + 16 q, which x / 16 takes back), one subtraction leaves ``q - 8`` exactly (or
         ``16 (q - 8)``), one FMA adds the pair's products: 13 instructions a word, 8 weights, with one
-        shift. NOTE(h7): fp16 is the price: each lane sums 8 products (``|q - 8| <= 8``) before fp32
-        takes over, so a column of x stays finite up to |x| * 64 < 65504 / 4 with x scaled by a quarter
-        (|x| <= 4,094 where every product of a lane has the same sign), and x keeps fp16's 11 bits
-        down to |x| = 2^-12. The relative error against ``reference.int4_matmul`` on the 8B shapes
-        stayed at bf16's rounding (1.70e-3 against 1.67e-3 for the fp32 path). Compiled kernels only
-        (the interpreter runs no PTX).
+        shift. NOTE(h7): fp16 is the price. Each lane sums 8 products of ``|q - 8| <= 8`` and x / 4
+        before fp32 takes over: finite while 8 * 8 * |x| / 4 < 65504, so up to |x| = 4,094 even where
+        all of a lane's products have the same sign and the largest weight. x keeps fp16's 11 bits
+        down to |x| = 2^-12 in the low half of K and 2^-8 in the high half (x / 64 there); below that
+        its error is at most 2^-25 * 4 (low) or 2^-25 * 64 (high, 1.9e-6) absolute. The relative
+        error against ``reference.int4_matmul`` on the 8B shapes stayed at bf16's rounding (1.70e-3
+        against 1.67e-3 for the fp32 loop). Compiled kernels only (the interpreter runs no PTX).
         """
         return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 t, a, b, c, d, ml, mh, mg, kl, kh, la, lb, ha, hb;
-            .reg .b16 h0, h1;
-            mov.b32 ml, 0x000F000F;
-            mov.b32 mh, 0x00F000F0;
-            mov.b32 mg, 0x64006400;
-            mov.b32 kl, 0x64086408;
-            mov.b32 kh, 0x64806480;
-            lop3.b32 a, $4, ml, mg, 0xEA;
-            lop3.b32 c, $4, mh, mg, 0xEA;
-            shr.u32 t, $4, 8;
-            lop3.b32 b, t, ml, mg, 0xEA;
-            lop3.b32 d, t, mh, mg, 0xEA;
-            sub.f16x2 a, a, kl;
-            sub.f16x2 b, b, kl;
-            sub.f16x2 c, c, kh;
-            sub.f16x2 d, d, kh;
-            mul.rn.f16x2 la, a, $8;
-            fma.rn.f16x2 la, b, $12, la;
-            mul.rn.f16x2 ha, c, $16;
-            fma.rn.f16x2 ha, d, $20, ha;
-            lop3.b32 a, $5, ml, mg, 0xEA;
-            lop3.b32 c, $5, mh, mg, 0xEA;
-            shr.u32 t, $5, 8;
-            lop3.b32 b, t, ml, mg, 0xEA;
-            lop3.b32 d, t, mh, mg, 0xEA;
-            sub.f16x2 a, a, kl;
-            sub.f16x2 b, b, kl;
-            sub.f16x2 c, c, kh;
-            sub.f16x2 d, d, kh;
-            fma.rn.f16x2 la, a, $9, la;
-            fma.rn.f16x2 la, b, $13, la;
-            fma.rn.f16x2 ha, c, $17, ha;
-            fma.rn.f16x2 ha, d, $21, ha;
-            lop3.b32 a, $6, ml, mg, 0xEA;
-            lop3.b32 c, $6, mh, mg, 0xEA;
-            shr.u32 t, $6, 8;
-            lop3.b32 b, t, ml, mg, 0xEA;
-            lop3.b32 d, t, mh, mg, 0xEA;
-            sub.f16x2 a, a, kl;
-            sub.f16x2 b, b, kl;
-            sub.f16x2 c, c, kh;
-            sub.f16x2 d, d, kh;
-            mul.rn.f16x2 lb, a, $10;
-            fma.rn.f16x2 lb, b, $14, lb;
-            mul.rn.f16x2 hb, c, $18;
-            fma.rn.f16x2 hb, d, $22, hb;
-            lop3.b32 a, $7, ml, mg, 0xEA;
-            lop3.b32 c, $7, mh, mg, 0xEA;
-            shr.u32 t, $7, 8;
-            lop3.b32 b, t, ml, mg, 0xEA;
-            lop3.b32 d, t, mh, mg, 0xEA;
-            sub.f16x2 a, a, kl;
-            sub.f16x2 b, b, kl;
-            sub.f16x2 c, c, kh;
-            sub.f16x2 d, d, kh;
-            fma.rn.f16x2 lb, a, $11, lb;
-            fma.rn.f16x2 lb, b, $15, lb;
-            fma.rn.f16x2 hb, c, $19, hb;
-            fma.rn.f16x2 hb, d, $23, hb;
-            add.rn.f16x2 la, la, lb;
-            add.rn.f16x2 ha, ha, hb;
-            mov.b32 {h0, h1}, la;
-            cvt.f32.f16 $0, h0;
-            cvt.f32.f16 $1, h1;
-            mov.b32 {h0, h1}, ha;
-            cvt.f32.f16 $2, h0;
-            cvt.f32.f16 $3, h1;
-            }""",
+            asm=_H2_ASM,
             constraints="=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
             args=[w, xa, xb, xc, xd],
             dtype=tl.float32,
