@@ -2,7 +2,7 @@
 
 For each linear shape of a model at batch 1 it times the GEMV over all the layers' distinct random
 weights in one CUDA graph (as ``bench.engine_gpu``'s tuning does), with each loop forced in turn
-(``kernels.quant_matmul.HALF2_MIN_BYTES`` set to 0 or past any row), over a set of tiles with and
+(``kernels.int4_gemv.HALF2_MIN_BYTES`` set to 0 or past any row), over a set of tiles with and
 without the weight prefetch, and checks both loops' outputs against ``kernels.reference``. Prints
 each loop's default and best tiles per shape; writes every timing to JSON.
 
@@ -23,7 +23,7 @@ import torch
 
 from bench.engine_gpu import SHAPES, _run_all, graph_time_ms
 from bench.gpu_decoder import QLinear
-from kernels import quant_matmul, reference
+from kernels import int4_gemv, quant_matmul, reference
 from kernels._matmul_config import config_for
 from kernels.quant_matmul import Config
 
@@ -62,7 +62,7 @@ def main() -> None:
     }
     rows: list[dict[str, object]] = []
     out["rows"] = rows
-    min_bytes = quant_matmul.HALF2_MIN_BYTES
+    min_bytes = int4_gemv.HALF2_MIN_BYTES
     try:
         for name, n, k, layers, glu in linears:
             ws = [
@@ -86,7 +86,7 @@ def main() -> None:
             ]
             row: dict[str, object] = {"name": name, "n": n, "k": k}
             for loop, bound in LOOPS.items():
-                quant_matmul.HALF2_MIN_BYTES = bound
+                int4_gemv.HALF2_MIN_BYTES = bound
                 quant_matmul.set_config("int4", 1, n, k, None)
                 row[f"{loop}_rel_err"] = float((ws[0](x, glu).float() - ref).norm() / ref.norm())
                 times: list[dict[str, Any]] = []
@@ -116,7 +116,7 @@ def main() -> None:
             ws.clear()
             torch.cuda.empty_cache()
     finally:
-        quant_matmul.HALF2_MIN_BYTES = min_bytes
+        int4_gemv.HALF2_MIN_BYTES = min_bytes
     with open(args.json, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {args.json}")

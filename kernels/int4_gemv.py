@@ -3,7 +3,7 @@
 
 On fp32 FMAs (``_int4_gemv_step``: fp32 activations, the interpreter, short rows), and on half2
 FMAs (``_int4_h2_step``: compiled kernels, bf16 or fp16 activations, rows of ``HALF2_MIN_BYTES``
-and more, tiles ``_half2_tile`` lets in). Both read the ``reference.quantize_int4`` layout and return
+and more, tiles ``takes_half2`` lets in). Both read the ``reference.quantize_int4`` layout and return
 the step's per-group sums. Owns those steps and the rule that picks one; does not own the kernel,
 its tiles (``kernels._matmul_config``) nor its launch (``kernels.quant_matmul``).
 """
@@ -32,16 +32,23 @@ loop was not timed at. On SmolLM2's rows (K 576 and 1,536, GGUF's group of 32) i
 """
 
 
-def _half2_tile(cfg: Config) -> bool:
-    """Whether ``cfg``'s GEMV tile gives each thread whole 16-byte vectors of 4 words, as ``_h2_dot`` reads them.
+def takes_half2(cfg: Config, row_bytes: int, weight_ptr: int) -> bool:
+    """Whether a GEMV launched with ``cfg`` over packed rows of ``row_bytes`` at ``weight_ptr`` can take the half2 loop.
 
-    NOTE(h7): ``_h2_dot`` takes 4 elements a call (``pack=4``) in a thread's register order, which
-    are 4 consecutive words of one row only if the tile's layout holds 4 a thread: Triton's coalescer
-    gives a thread 4 words (one 16-byte load, the weight 16-byte aligned) from 4 words a thread on, and
-    2 below (a 16 x 64-byte tile over 4 warps mixed rows and read garbage on the H100).
-    ``tests/kernels/sm90_build.py`` checks the layouts built.
+    Rows of ``HALF2_MIN_BYTES`` and more, and a tile that gives each thread whole 16-byte vectors of
+    4 words, as ``_h2_dot`` reads them. NOTE(h7): ``_h2_dot`` takes 4 elements a call (``pack=4``)
+    in a thread's register order, which are 4 consecutive words of one row only if the tile's layout
+    holds 4 a thread: Triton's coalescer gives a thread 4 words (one 16-byte load, the weight
+    16-byte aligned) from 4 words a thread on, and 2 below (a 16 x 64-byte tile over 4 warps mixed
+    rows and read garbage on the H100). ``tests/kernels/sm90_build.py`` checks the layouts built.
+    The caller adds what it alone knows (compiled kernels, bf16 or fp16 activations).
     """
-    return cfg.path == "gemv" and cfg.block_n * cfg.block_k >= 512 * cfg.num_warps
+    return (
+        row_bytes >= HALF2_MIN_BYTES
+        and cfg.path == "gemv"
+        and cfg.block_n * cfg.block_k >= 512 * cfg.num_warps
+        and weight_ptr % 16 == 0
+    )
 
 
 def _h2_asm() -> str:

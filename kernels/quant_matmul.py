@@ -25,16 +25,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels import reference
+from kernels import int4_gemv, reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, tl, triton
 from kernels._matmul_config import GEMV_MAX_ROWS, Config, Kind, config_for, set_config
 from kernels._matmul_launch import check_epilogue, finish_unfused, launch
-from kernels.int4_gemv import HALF2_MIN_BYTES, _half2_tile
 
 if TYPE_CHECKING:
     from kernels.rope_kv import RopeKV
 
-__all__ = ["GEMV_MAX_ROWS", "HALF2_MIN_BYTES", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
+__all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
 
 if triton is not None:
     from kernels._common import pdl_enter, pdl_enter_after_wait
@@ -420,6 +419,6 @@ def int4_matmul(
     strides = (x.stride(0), packed.stride(0), scales.stride(0))
     exact = x.dtype == torch.float32
     asm = x.is_cuda and not interpreting()
-    h2 = asm and not exact and k2 >= HALF2_MIN_BYTES and _half2_tile(cfg) and packed.data_ptr() % 16 == 0
+    h2 = asm and not exact and int4_gemv.takes_half2(cfg, k2, packed.data_ptr())
     tensors = (packed, scales, zeros)
     return launch(_int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope, G=group_size, EXACT=exact, ASM=asm, H2=h2)

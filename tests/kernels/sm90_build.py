@@ -157,7 +157,7 @@ def cases() -> list[Case]:
     tile, warps, prefetch = _default("int4", 1, gu_n, gu_k // 2, 128)
     c = {**gemv, **tile, "G": 128, "GLU": True, "EXACT": False, "H2": True, "PREFETCH": prefetch}
     out.append(Case("int4 gemv glu", quant_matmul._int4_kernel, c, w4, warps))
-    for bn, bk, warps in ((16, 128, 4), (4, 512, 4), (2, 1024, 2)):  # the smallest tiles _half2_tile lets in
+    for bn, bk, warps in ((16, 128, 4), (4, 512, 4), (2, 1024, 2)):  # the smallest tiles takes_half2 lets in
         c = {**gemv, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "G": 32, "GLU": False, "EXACT": False, "H2": True}
         out.append(Case(f"int4 gemv half2 {bn}x{bk}", quant_matmul._int4_kernel, {**c, "PREFETCH": True}, w4, warps))
     for small_n, small_k in ((576, 1536), (49152, 576)):  # SmolLM2's down and LM head, GGUF's group of 32
@@ -243,7 +243,7 @@ def main() -> int:
             src = ASTSource(fn, signature=sig, constexprs=consts, attrs=_attrs(fn, sig))
             kernel = triton.compile(src, target=GPUTarget(*TARGET), options={"num_warps": warps})
             regs, spills = _registers(kernel.asm["ptx"])
-            # _h2_dot's 4 elements a call must be 4 consecutive words of a row (int4_gemv._half2_tile)
+            # _h2_dot's 4 elements a call must be 4 consecutive words of a row (int4_gemv.takes_half2)
             words = _words_a_thread(kernel.asm["ttgir"])
             ok = bool(kernel.asm.get("cubin")) and spills == 0 and all(w % 4 == 0 for w in words)
             half2 = f", {words[0]} words a thread" if words else ""
