@@ -89,7 +89,7 @@ if triton is not None:
                 idxs = tl.load(part_ptr + (B + row) * P + ps, mask=pmask, other=2147483647, cache_modifier=".cg")
                 _, pick = _best(tops, idxs)
                 tl.store(out_ptr + row, pick.to(tl.int64))
-                tl.atomic_xchg(cnt_ptr + row, 0)
+                tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed")  # as in kernels._matmul_launch._store_tile
 
 
 def argmax(x: torch.Tensor, out: torch.Tensor | None = None, *, pdl: bool = True) -> torch.Tensor:

@@ -37,7 +37,7 @@ On the H100 over a Llama-3-8B shape, every layer's config tuned (``bench.engine_
 and 612.9 for cuBLAS."""
 
 if triton is not None:
-    from kernels._common import pdl_enter
+    from kernels._common import WEIGHT_EVICTION, pdl_enter
     from kernels._matmul_launch import _program_tile, _store_tile
     from kernels.rope_kv import _rope_rows
 
@@ -91,7 +91,12 @@ if triton is not None:
             # NOTE(h7): no earlier kernel writes the weight, so its first tile may load before the PDL
             # wait and be in flight while that kernel finishes (kernels._common.pdl_enter)
             rk = k_lo + tl.arange(0, BLOCK_K)
-            w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
+            w = tl.load(
+                w_ptrs + rk[None, :],
+                mask=nmask[:, None] & (rk < K)[None, :],
+                other=0.0,
+                eviction_policy=WEIGHT_EVICTION,
+            )
         pdl_enter(PDL)
         if PREFETCH:
             acc2 = _dense_step(acc2, w, x_ptr + rm * sx_m, rk, K)
@@ -100,7 +105,12 @@ if triton is not None:
         k_first = k_lo + BLOCK_K * PREFETCH
         for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
-            w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
+            w = tl.load(
+                w_ptrs + rk[None, :],
+                mask=nmask[:, None] & (rk < K)[None, :],
+                other=0.0,
+                eviction_policy=WEIGHT_EVICTION,
+            )
             acc2 = _dense_step(acc2, w, x_ptr + rm * sx_m, rk, K)
         acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         _store_tile(

@@ -95,6 +95,8 @@ def _h2_asm() -> str:
 
 
 if triton is not None:
+    from kernels._common import WEIGHT_EVICTION
+
     _H2_ASM = tl.constexpr(_h2_asm())
 
     @triton.jit
@@ -249,7 +251,12 @@ if triton is not None:
     def _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K: tl.constexpr):
         """The ``(BLOCK_N, BLOCK_K / 4)`` int32 words of a packed int4 tile at byte ``k0`` (zeros at or past ``k_end``)."""
         rc = k0 // 4 + tl.arange(0, BLOCK_K // 4)
-        return tl.load(w32 + rc[None, :], mask=nmask[:, None] & ((rc < K2 // 4) & (k0 < k_end))[None, :], other=0)
+        return tl.load(
+            w32 + rc[None, :],
+            mask=nmask[:, None] & ((rc < K2 // 4) & (k0 < k_end))[None, :],
+            other=0,
+            eviction_policy=WEIGHT_EVICTION,
+        )
 
     @triton.jit
     def _int4_h2_step(acc2, wq, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G: tl.constexpr):

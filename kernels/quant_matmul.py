@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
 
 if triton is not None:
-    from kernels._common import pdl_enter, pdl_enter_after_wait
+    from kernels._common import WEIGHT_EVICTION, pdl_enter, pdl_enter_after_wait
     from kernels._matmul_launch import _program_tile, _store_tile
     from kernels.int4_gemv import _int4_gemv_step, _int4_h2_step, _word_tile
     from kernels.rope_kv import _rope_rows
@@ -153,14 +153,24 @@ if triton is not None:
             acc2 = tl.zeros((BLOCK_N, BLOCK_K if G == 0 else NG), tl.float32)
             if PREFETCH:  # see _dense_gemv_kernel
                 rk = k_lo + tl.arange(0, BLOCK_K)
-                w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
+                w = tl.load(
+                    w_ptrs + rk[None, :],
+                    mask=nmask[:, None] & (rk < K)[None, :],
+                    other=0,
+                    eviction_policy=WEIGHT_EVICTION,
+                )
             pdl_enter(PDL)
             if PREFETCH:
                 acc2 = _int8_gemv_step(acc2, w, k_lo, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, ASM)
             k_first = k_lo + BLOCK_K * PREFETCH
             for k0 in range(k_first, k_lo + K_SPLIT, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
-                w = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0)
+                w = tl.load(
+                    w_ptrs + rk[None, :],
+                    mask=nmask[:, None] & (rk < K)[None, :],
+                    other=0,
+                    eviction_policy=WEIGHT_EVICTION,
+                )
                 acc2 = _int8_gemv_step(acc2, w, k0, x_ptr + rm * sx_m, K, s_ptr, rn, ss_n, nmask, G, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
@@ -264,13 +274,23 @@ if triton is not None:
                 w_ptrs = w_ptr + rn[:, None] * sw_n
                 if PREFETCH:  # see _dense_gemv_kernel
                     rk = k_lo + tl.arange(0, BLOCK_K)
-                    b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
+                    b = tl.load(
+                        w_ptrs + rk[None, :],
+                        mask=nmask[:, None] & (rk < K2)[None, :],
+                        other=0,
+                        eviction_policy=WEIGHT_EVICTION,
+                    )
                 pdl_enter_after_wait(PDL)
                 if PREFETCH:
                     acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
                 for k0 in range(k_lo + BLOCK_K * PREFETCH, k_end, BLOCK_K):
                     rk = k0 + tl.arange(0, BLOCK_K)
-                    b = tl.load(w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0)
+                    b = tl.load(
+                        w_ptrs + rk[None, :],
+                        mask=nmask[:, None] & (rk < K2)[None, :],
+                        other=0,
+                        eviction_policy=WEIGHT_EVICTION,
+                    )
                     acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
