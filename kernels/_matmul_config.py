@@ -135,19 +135,15 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             # (6,144 columns) the bench's tuning chose 8 rows x 512 over 8 warps in three of four runs
             # (10.1-10.4 us; 2026-11-26)
             bn, bk, warps, prefetch = (8, 512, 8, True) if 4096 < n <= 8192 else (2, 1024, 2, True)
-        elif k_iter_cols >= 4096:
-            # NOTE(h7): the int4 GEMV over the 8B down projection (K 14,336: 7,168 bytes a half) on the
-            # H100, products on half2 FMAs (kernels.int4_gemv._h2_dot): 32 rows x 256 bytes over 2
-            # warps, K split 8 ways, a tile in flight (prefetch), 16.6 us, where the fp32 FMA loop's
-            # best (16 x 256 over 1 warp, no prefetch) took 17.5 (2026-11-27)
-            bn, bk, warps, split, prefetch = 32, 256, 2, 8, True
         elif k_iter_cols >= 1024 and n <= 8192:
-            # NOTE(h7): the half2 int4 GEMV over the 8B qkv (6,144 columns) and o on the H100, a tile
-            # in flight: 16 rows x 512 bytes over 4 warps, K split in two, for qkv (8.8 us), 32 rows
-            # over 2 warps split 4 ways for o (6.8); the fp32 FMA loop's best took 8.8 and 7.2 (its
-            # tiles before, with its peeled prefetch; 2026-11-27)
-            bn, warps, split = (16, 4, 2) if n > 4096 else (32, 2, 4)
-            bk, prefetch = 512, True
+            # NOTE(h7): the half2 int4 GEMV (kernels.int4_gemv._h2_dot), a tile in flight, over the 8B
+            # qkv (6,144 columns), o and down on the H100, tuned by the decode step's rate rather than
+            # by the GEMV timed alone (bench/tune_step.py): qkv 16 rows x 1,024 bytes unsplit over 4
+            # warps, o and down 32 x 512 split 4 over 4 warps. Alternated, the int4 step took 476.9 /
+            # 477.0 tok/s against 459.5 / 459.5 for the tiles tuned alone before (qkv 16 x 512 split
+            # 2, o 32 x 512 split 4 over 2 warps, down 32 x 256 split 8 over 2), though those were
+            # faster alone (qkv 8.3-8.9 against 10.7 us without the rotary epilogue; 2026-11-27)
+            bn, bk, warps, split, prefetch = (16, 1024, 4, 1, True) if n > 4096 else (32, 512, 4, 4, True)
         elif k_iter_cols >= 1024:
             # NOTE(h7): the half2 int4 GEMV over the 8B gate_up and LM head on the H100: 8 rows x 1,024
             # bytes over 2 warps, 25.3 and 103.3 us; the fp32 FMA loop's best tiles of up to 512 bytes

@@ -1,0 +1,139 @@
+"""GPU tool: tune the batch-1 GEMV tiles by the decode step's rate, not by each GEMV timed alone.
+
+``bench.engine_gpu``'s tuning times each shape's GEMV alone (the layers' weights in one CUDA graph).
+In the step a GEMV also runs its epilogue (rotary and the KV write, SiLU-and-mul) and loads its first
+tile while the kernel before it runs, so the fastest tile alone is not always the fastest in the
+step (2026-11-27: three int4 tiles faster alone made the 8B step 1.9 % slower). Per shape, in turn
+(one pass of coordinate descent): rank the grid of GEMV tiles by time alone, time the whole decode
+step (``bench.engine_gpu.decode_rate``) with each of the ``--top`` fastest pinned, the other shapes at
+their current choice, and keep the fastest if it beats the current one by more than ``--margin``.
+Last, the defaults against the tiles kept, alternated twice. Prints each trial; writes JSON.
+
+    python -m bench.tune_step --mode int4 --json $OUT/tune_step_int4.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from functools import partial
+from typing import Literal
+
+import torch
+
+from bench.engine_gpu import SHAPES, _run_all, decode_rate, graph_time_ms
+from bench.gpu_decoder import Decoder, QLinear, Shape
+from kernels import quant_matmul
+from kernels._matmul_config import Config, config_for
+
+Kind = Literal["int8", "int4", "dense"]
+KINDS: dict[str, Kind] = {"bf16": "dense", "int8": "int8", "int4": "int4"}
+
+
+def grid(kind: Kind, n: int, k_iter: int, group: int) -> list[Config]:
+    """GEMV tiles tried (a tile in flight): wide weights get fewer, unsplit ones (their grid fills the GPU)."""
+    wide = n > 8192
+    out = []
+    for bn in (8, 16) if wide else (8, 16, 32):
+        for bk in (512, 1024) if wide else (256, 512, 1024):
+            for warps in (2, 4) if wide else (1, 2, 4):
+                if bk % max(group, 1) or (kind == "int4" and bn * bk < 512 * warps):  # int4_gemv.takes_half2
+                    continue
+                for split in (1,) if wide else (1, 2, 4, 8):
+                    if k_iter // split >= bk:
+                        out.append(Config("gemv", bn, bk, split, num_warps=warps, prefetch=True))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
+    ap.add_argument("--mode", default="int4", choices=sorted(KINDS))
+    ap.add_argument("--group", type=int, default=128, help="int4 group size")
+    ap.add_argument("--top", type=int, default=5, help="tiles a shape tried in the step")
+    ap.add_argument("--margin", type=float, default=0.005, help="gain over the current choice needed to keep a tile")
+    ap.add_argument("--steps", type=int, default=128, help="decode steps a trial times")
+    ap.add_argument("--json", default="bench/results/tune_step.json")
+    a = ap.parse_args()
+    s: Shape = SHAPES[a.shape]
+    kind = KINDS[a.mode]
+    group = a.group if kind == "int4" else 0
+    dec = Decoder(s, a.mode, a.group)
+
+    def rate(steps: int = a.steps) -> float:
+        return decode_rate(dec, s, 1, 512, steps)[0]
+
+    shapes: list[tuple[str, list[QLinear], bool]] = [
+        ("qkv", [layer.qkv for layer in dec.layers], False),
+        ("o", [layer.o for layer in dec.layers], False),
+        ("gate_up", [layer.gate_up for layer in dec.layers], True),
+        ("down", [layer.down for layer in dec.layers], False),
+        ("lm_head", [dec.lm_head], False),
+    ]
+    log: list[dict[str, object]] = []
+    kept: dict[tuple[int, int], Config] = {}
+    print(f"{a.shape} {a.mode}: start {rate():.1f} tok/s", flush=True)
+    for name, layers, glu in shapes:
+        n, k = layers[0].n, layers[0].k
+        k_iter = k // 2 if kind == "int4" else k
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        default = config_for(kind, 1, n, k, k_iter, group, x.device)
+        run = partial(_run_all, layers, x, glu)
+        alone: list[tuple[float, Config]] = []
+        for cfg in grid(kind, n, k_iter, group):
+            quant_matmul.set_config(kind, 1, n, k, cfg)
+            graph_time_ms(run, 1)  # compiles
+            alone.append((graph_time_ms(run, 3) / len(layers) * 1e3, cfg))
+        alone.sort(key=lambda t: t[0])
+        trials = []
+        for _, cfg in [t for t in alone if t[1] != default][: a.top]:
+            quant_matmul.set_config(kind, 1, n, k, cfg)
+            trials.append((rate(), cfg))
+            print(
+                f"  {name} {cfg.block_n} x {cfg.block_k} split {cfg.split_k} {cfg.num_warps} warps: {trials[-1][0]:.1f}"
+            )
+        quant_matmul.set_config(kind, 1, n, k, kept.get((n, k)))
+        current = rate()  # re-timed beside the trials
+        best = max(trials, key=lambda t: t[0], default=None)
+        keep = best is not None and best[0] > (1 + a.margin) * current
+        if keep and best is not None:
+            kept[(n, k)] = best[1]
+            quant_matmul.set_config(kind, 1, n, k, best[1])
+        print(
+            f"{name}: current {current:.1f} tok/s; {'kept the best' if keep else 'the current one stays'}", flush=True
+        )
+        log.append(
+            {
+                "name": name,
+                "default": asdict(default),
+                "current_tok_s": current,
+                "alone_us": [[us, asdict(c)] for us, c in alone],
+                "trials": [[r, asdict(c)] for r, c in trials],
+                "kept": keep,
+            }
+        )
+    final: dict[str, list[float]] = {"default": [], "kept": []}
+    for _ in range(2):
+        for tag in final:
+            for (n, k), cfg in kept.items():
+                quant_matmul.set_config(kind, 1, n, k, cfg if tag == "kept" else None)
+            final[tag].append(rate(256))
+    print(f"defaults {final['default']} tok/s, kept tiles {final['kept']}")
+    out = {
+        "device": torch.cuda.get_device_name(),
+        "date": time.strftime("%Y-%m-%d"),
+        "shape": a.shape,
+        "mode": a.mode,
+        "log": log,
+        "final_tok_s": final,
+        "kept": [[n, k, asdict(c)] for (n, k), c in kept.items()],
+    }
+    with open(a.json, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()
