@@ -139,10 +139,11 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             # NOTE(h7): the half2 int4 GEMV (kernels.int4_gemv._h2_dot), a tile in flight, over the 8B
             # qkv (6,144 columns), o and down on the H100, tuned by the decode step's rate rather than
             # by the GEMV timed alone (bench/tune_step.py): qkv 16 rows x 1,024 bytes unsplit over 4
-            # warps, o and down 32 x 512 split 4 over 4 warps. Alternated, the int4 step took 476.9 /
-            # 477.0 tok/s against 459.5 / 459.5 for the tiles tuned alone before (qkv 16 x 512 split
-            # 2, o 32 x 512 split 4 over 2 warps, down 32 x 256 split 8 over 2), though those were
-            # faster alone (qkv 8.3-8.9 against 10.7 us without the rotary epilogue; 2026-11-27)
+            # warps, o and down 32 x 512 split 4 over 4 warps (alone 8.3, 6.2, 15.6 us). Alternated,
+            # the int4 step took 476.9 / 477.0 tok/s against 459.5 / 459.5 with the tiles before (qkv
+            # 16 x 512 split 2, o 32 x 512 split 4 over 2 warps, down 32 x 256 split 8 over 2; alone
+            # 10.7, 6.6, 16.4 us); the fastest alone (qkv 8 x 1,024 over 2 warps, o 8 x 512 over 4,
+            # both unsplit) each made the step slower (447.7 against 458.8, 458.9 against 467.5; 2026-11-27)
             bn, bk, warps, split, prefetch = (16, 1024, 4, 1, True) if n > 4096 else (32, 512, 4, 4, True)
         elif k_iter_cols >= 1024:
             # NOTE(h7): the half2 int4 GEMV over the 8B gate_up and LM head on the H100: 8 rows x 1,024
