@@ -149,7 +149,11 @@ def test_serve_migrates_then_calls_server_with_overrides(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name in ("DATABASE_URL", "CROSSWAY_HOST", "CROSSWAY_PORT", "CROSSWAY_POLICY"):
-        monkeypatch.delenv(name, raising=False)  # restored after the test; serve exports its flags
+        # serve exports its flags into os.environ; set first, so that monkeypatch records the
+        # variable's state and undoes the export after the test (delenv of an absent name records
+        # nothing: CROSSWAY_HOST=192.0.2.1 leaked into later `crossway serve` processes)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     calls: list[tuple[Settings, dict[str, Any]]] = []
     app = types.ModuleType("gateway.api.app")
     app.serve = lambda settings, **kwargs: calls.append((settings, kwargs))  # type: ignore[attr-defined]
