@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from bench.gpu_decoder import LLAMA3_8B, SMOLLM2_135M, Decoder, DecodeState, QLinear, Shape, capture
+from bench.gpu_decoder import KERNEL_KIND, LLAMA3_8B, SMOLLM2_135M, Decoder, DecodeState, QLinear, Shape, capture
 from kernels import quant_matmul
 from kernels._common import set_pdl
 from kernels.dense_gemv import MODEL_ROWS
@@ -122,14 +122,9 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]], *, 
     stream from HBM as in a real step instead of sitting in the 50 MB L2, and inside a CUDA graph,
     since Python launch overhead (tens of us per Triton launch) would otherwise hide the kernel.
     """
-    kinds: dict[str, Literal["int8", "int4", "dense"]] = {"int8": "int8", "int4": "int4", "bf16": "dense"}
-    kind = kinds[decoder.mode]
-    names = ("qkv", "o", "gate_up", "down")
-    groups: list[list[QLinear]] = [[getattr(layer, n) for layer in decoder.layers] for n in names]
-    groups.append([decoder.lm_head])
-    for name, ws in zip((*names, "lm_head"), groups, strict=True):
+    kind = KERNEL_KIND[decoder.mode]
+    for _, ws, glu in decoder.layer_groups():
         n, k = ws[0].n, ws[0].k
-        glu = name == "gate_up"  # as the step calls it: SiLU-and-mul as the tiles are written
         for m in batches:
             if kind == "dense" and m > MODEL_ROWS:
                 continue  # cuBLAS: nothing of ours to tune

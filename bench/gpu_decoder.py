@@ -27,6 +27,9 @@ from kernels.rmsnorm import rms_norm_residual
 from kernels.rope_kv import RopeKV
 
 Mode = Literal["bf16", "cublas", "int8", "int4"]
+
+KERNEL_KIND: dict[str, Literal["dense", "int8", "int4"]] = {"bf16": "dense", "int8": "int8", "int4": "int4"}
+"""The launch-config kind (``kernels._matmul_config``) of each mode our GEMVs run (cuBLAS has none)."""
 """Weight format of the linears; ``cublas`` is bf16 through ``F.linear`` at every batch size."""
 
 
@@ -133,13 +136,17 @@ class Decoder:
 
     def linear_bytes(self) -> int:
         """Bytes of all linear weights (the LM head included): what one decode step must read."""
-        lin = [w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.lm_head]
-        return sum(w.nbytes for w in lin)
+        return sum(w.nbytes for _, copies, _ in self.layer_groups() for w in copies)
 
     def linears(self) -> list[QLinear]:
         """Every distinct-shape linear layer once (for tuning)."""
-        first = self.layers[0]
-        return [first.qkv, first.o, first.gate_up, first.down, self.lm_head]
+        return [copies[0] for _, copies, _ in self.layer_groups()]
+
+    def layer_groups(self) -> list[tuple[str, list[QLinear], bool]]:
+        """Each linear shape's name, all its copies (one a layer; the LM head's one), and whether the step asks it for SiLU-and-mul."""
+        names = ("qkv", "o", "gate_up", "down")
+        groups = [(name, [getattr(layer, name) for layer in self.layers], name == "gate_up") for name in names]
+        return [*groups, ("lm_head", [self.lm_head], False)]
 
     def step(self, st: DecodeState) -> None:
         """One decode token per row: reads ``st.ids`` etc., writes the greedy next ids and advances the state."""

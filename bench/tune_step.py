@@ -19,38 +19,39 @@ import json
 import time
 from dataclasses import asdict
 from functools import partial
-from typing import Literal
 
 import torch
 
 from bench.engine_gpu import SHAPES, _run_all, decode_rate, graph_time_ms
-from bench.gpu_decoder import Decoder, QLinear, Shape
-from kernels import quant_matmul
+from bench.gpu_decoder import KERNEL_KIND, Decoder, Shape
+from kernels import int4_gemv, quant_matmul
 from kernels._matmul_config import Config, config_for
 
-Kind = Literal["int8", "int4", "dense"]
-KINDS: dict[str, Kind] = {"bf16": "dense", "int8": "int8", "int4": "int4"}
 
+def grid(kind: str, n: int, k_iter: int, group: int) -> list[Config]:
+    """GEMV tiles tried (a tile in flight): wide weights get fewer, unsplit ones (their grid fills the GPU).
 
-def grid(kind: Kind, n: int, k_iter: int, group: int) -> list[Config]:
-    """GEMV tiles tried (a tile in flight): wide weights get fewer, unsplit ones (their grid fills the GPU)."""
+    int4 rows long enough for the half2 loop keep to the tiles it takes (the others would run the fp32 loop).
+    """
     wide = n > 8192
+    half2 = kind == "int4" and k_iter >= int4_gemv.HALF2_MIN_BYTES
     out = []
     for bn in (8, 16) if wide else (8, 16, 32):
         for bk in (512, 1024) if wide else (256, 512, 1024):
             for warps in (2, 4) if wide else (1, 2, 4):
-                if bk % max(group, 1) or (kind == "int4" and bn * bk < 512 * warps):  # int4_gemv.takes_half2
-                    continue
                 for split in (1,) if wide else (1, 2, 4, 8):
-                    if k_iter // split >= bk:
-                        out.append(Config("gemv", bn, bk, split, num_warps=warps, prefetch=True))
+                    cfg = Config("gemv", bn, bk, split, num_warps=warps, prefetch=True)
+                    if bk % max(group, 1) or k_iter // split < bk:
+                        continue
+                    if not half2 or int4_gemv.takes_half2(cfg, k_iter, 0):
+                        out.append(cfg)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
-    ap.add_argument("--mode", default="int4", choices=sorted(KINDS))
+    ap.add_argument("--mode", default="int4", choices=sorted(KERNEL_KIND))
     ap.add_argument("--group", type=int, default=128, help="int4 group size")
     ap.add_argument("--top", type=int, default=5, help="tiles a shape tried in the step")
     ap.add_argument("--margin", type=float, default=0.005, help="gain over the current choice needed to keep a tile")
@@ -58,24 +59,17 @@ def main() -> None:
     ap.add_argument("--json", default="bench/results/tune_step.json")
     a = ap.parse_args()
     s: Shape = SHAPES[a.shape]
-    kind = KINDS[a.mode]
+    kind = KERNEL_KIND[a.mode]
     group = a.group if kind == "int4" else 0
     dec = Decoder(s, a.mode, a.group)
 
     def rate(steps: int = a.steps) -> float:
         return decode_rate(dec, s, 1, 512, steps)[0]
 
-    shapes: list[tuple[str, list[QLinear], bool]] = [
-        ("qkv", [layer.qkv for layer in dec.layers], False),
-        ("o", [layer.o for layer in dec.layers], False),
-        ("gate_up", [layer.gate_up for layer in dec.layers], True),
-        ("down", [layer.down for layer in dec.layers], False),
-        ("lm_head", [dec.lm_head], False),
-    ]
     log: list[dict[str, object]] = []
     kept: dict[tuple[int, int], Config] = {}
     print(f"{a.shape} {a.mode}: start {rate():.1f} tok/s", flush=True)
-    for name, layers, glu in shapes:
+    for name, layers, glu in dec.layer_groups():
         n, k = layers[0].n, layers[0].k
         k_iter = k // 2 if kind == "int4" else k
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
