@@ -289,8 +289,6 @@ def main() -> None:
     p.add_argument("--json", default="")
     p.add_argument("--profile", action="store_true", help="kernel times of one batch-1 step per format")
     p.add_argument("--torch-argmax", action="store_true", help="greedy picks by torch.argmax (the baseline)")
-    p.add_argument("--l2-prefetch", default="", help="comma list of qkv,o,gate_up: weights asked of L2 ahead")
-    p.add_argument("--gate-up-share", type=float, default=0.25, help="share of gate_up's rows --l2-prefetch asks for")
     p.add_argument("--no-pdl", action="store_true", help="launch the kernels without programmatic dependent launch")
     p.add_argument(
         "--no-tune",
@@ -312,8 +310,6 @@ def main() -> None:
         "pdl": not a.no_pdl,
         "tuned": not a.no_tune,
         "argmax": "torch" if a.torch_argmax else "kernels.argmax",
-        "l2_prefetch": a.l2_prefetch,
-        "gate_up_share": a.gate_up_share,
         "date": time.strftime("%Y-%m-%d"),
     }
     import triton
@@ -330,8 +326,6 @@ def main() -> None:
         t0 = time.perf_counter()
         dec = Decoder(shape, mode, a.group)
         dec.torch_argmax = a.torch_argmax
-        dec.l2_prefetch = frozenset(x for x in a.l2_prefetch.split(",") if x)
-        dec.gate_up_share = a.gate_up_share
         wbytes = dec.linear_bytes()
         print(
             f"{mode}: weights built in {time.perf_counter() - t0:.1f} s, {wbytes / 1e9:.2f} GB of linears", flush=True

@@ -133,11 +133,6 @@ class Decoder:
         self.skip: frozenset[str] = frozenset()
         """Work left out of the step (``"norm"``: the norms' launches, ``"rope"``: the qkv GEMV's rotary
         and KV write): timing bounds of a fusion only, the ids are then meaningless."""
-        self.l2_prefetch: frozenset[str] = frozenset()
-        """Weights asked of L2 ahead of their matmul (``kernels._common.l2_prefetch``): ``"qkv"`` by the
-        attention norm, ``"o"`` by decode attention, ``"gate_up"`` (its first ``gate_up_share`` of rows)
-        by the MLP norm."""
-        self.gate_up_share = 0.25
 
     def linear_bytes(self) -> int:
         """Bytes of all linear weights (the LM head included): what one decode step must read."""
@@ -161,21 +156,16 @@ class Decoder:
         x = F.embedding(st.ids, self.embed)  # (b, C)
         res: torch.Tensor | None = None
         norm = "norm" not in self.skip
-        pf = self.l2_prefetch
         for layer, (kc, vc) in zip(self.layers, st.kv, strict=True):
-            ahead = layer.qkv.tensors if "qkv" in pf else ()
-            h, res = rms_norm_residual(x, res, layer.attn_norm, s.eps, ahead) if norm else (x, x)
+            h, res = rms_norm_residual(x, res, layer.attn_norm, s.eps) if norm else (x, x)
             if "rope" in self.skip:
                 qv = layer.qkv(h)[:, :q_size].view(b, s.heads, s.head_dim)
             else:
                 rope = RopeKV(st.positions, self.cos, self.sin, kc, vc, st.slots)
                 qv = layer.qkv(h, rope=rope).view(b, s.heads, s.head_dim)  # the new keys, values in the caches
-            ahead = layer.o.tensors if "o" in pf else ()
-            o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5, l2_prefetch=ahead)
-            x = layer.o(o.view(b, q_size))  # o: (b, nh, hd)
-            rows = int(layer.gate_up.n * self.gate_up_share)
-            ahead = tuple(t[:rows] for t in layer.gate_up.tensors) if "gate_up" in pf else ()
-            h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps, ahead) if norm else (x, x)
+            o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5)  # (b, nh, hd)
+            x = layer.o(o.view(b, q_size))
+            h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps) if norm else (x, x)
             x = layer.down(layer.gate_up(h, glu=True))  # the matmuls apply SiLU-and-mul as they write
         h = rms_norm_residual(x, res, self.norm, s.eps)[0] if norm else x
         logits = self.lm_head(h)  # (b, V)

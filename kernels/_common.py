@@ -28,7 +28,6 @@ __all__ = [
     "check_last_contiguous",
     "dot_in_fp32",
     "interpreting",
-    "l2_prefetch_args",
     "next_pow2",
     "num_sms",
     "pdl_args",
@@ -149,34 +148,6 @@ def pdl_args(t: torch.Tensor) -> dict[str, bool]:
     return {}  # the kernels' PDL defaults to False
 
 
-L2_PREFETCH_REGIONS = 3
-"""Most memory regions one kernel launch asks L2 to fetch (an int4 weight is three tensors)."""
-
-
-def l2_prefetch_args(regions: tuple[torch.Tensor, ...]) -> dict[str, int]:
-    """The ``pf_*`` / ``NPF`` arguments of a kernel that asks L2 for ``regions`` while it runs (``l2_prefetch``).
-
-    Each region's bytes are rounded down to 16 (the bulk prefetch's unit) and skipped unless 16-byte
-    aligned, contiguous and on a Hopper-or-newer GPU: the prefetch is a hint, never needed for
-    correctness. Empty where nothing can be asked (the interpreter, older GPUs, no regions).
-    """
-    check(len(regions) <= L2_PREFETCH_REGIONS, f"at most {L2_PREFETCH_REGIONS} prefetch regions")
-    args: dict[str, int] = {}
-    n = 0
-    for t in regions:
-        nbytes = t.numel() * t.element_size() // 16 * 16
-        usable = t.is_cuda and not _INTERPRET and _cc_major(t.device.index or 0) >= 9 and t.is_contiguous()
-        if usable and nbytes > 0 and t.data_ptr() % 16 == 0:
-            args[f"pf_a{n}"], args[f"pf_n{n}"] = t.data_ptr(), nbytes
-            n += 1
-    if n == 0:
-        return {}
-    for i in range(n, L2_PREFETCH_REGIONS):  # unused slots: any valid integers
-        args[f"pf_a{i}"], args[f"pf_n{i}"] = 0, 0
-    args["NPF"] = n
-    return args
-
-
 def dot_in_fp32() -> bool:
     """Whether ``tl.dot`` operands must be widened to fp32 first.
 
@@ -263,34 +234,3 @@ if triton is not None:
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-
-    @triton.jit  # type: ignore[untyped-decorator]
-    def _prefetch_share(addr, nbytes, part, parts, NT: tl.constexpr):  # type: ignore[no-untyped-def]
-        """Each of this program's ``NT`` threads asks L2 for its run of ``part``'s share of ``[addr, addr + nbytes)``."""
-        t = tl.arange(0, NT)
-        per = tl.cdiv(tl.cdiv(nbytes, parts * NT), 16) * 16  # bytes a thread, whole 16-byte units
-        off = (part * NT + t).to(tl.int64) * per
-        size = tl.minimum(tl.maximum(nbytes - off, 0), per).to(tl.int32)
-        tl.inline_asm_elementwise(
-            asm="{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            constraints="=r,l,r",
-            args=[addr + off, size],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @triton.jit  # type: ignore[untyped-decorator]
-    def l2_prefetch(pf_a0, pf_n0, pf_a1, pf_n1, pf_a2, pf_n2, part, parts, NPF: tl.constexpr, NT: tl.constexpr):  # type: ignore[no-untyped-def]
-        """Ask L2 for program ``part`` of ``parts``'s share of up to three regions (``l2_prefetch_args``).
-
-        The bulk prefetch (sm_90) returns at once and holds no registers: the bytes arrive while
-        this kernel and the next run, so a kernel that reads little (attention, a norm) can
-        stream the next matmul's weights into L2. ``NT`` is the program's thread count.
-        """
-        if NPF > 0:
-            _prefetch_share(pf_a0, pf_n0, part, parts, NT)
-        if NPF > 1:
-            _prefetch_share(pf_a1, pf_n1, part, parts, NT)
-        if NPF > 2:
-            _prefetch_share(pf_a2, pf_n2, part, parts, NT)

@@ -25,7 +25,6 @@ from kernels._common import (
     check_dtype,
     check_last_contiguous,
     dot_in_fp32,
-    l2_prefetch_args,
     next_pow2,
     pdl_args,
     split_count,
@@ -34,7 +33,7 @@ from kernels._common import (
 )
 
 if triton is not None:
-    from kernels._common import l2_prefetch, pdl_enter
+    from kernels._common import pdl_enter
 
     @triton.jit
     def _kv_offsets(table_ptr, b, st_b, kvh, t, tmask, d, dmask, sc_blk, sc_tok, sc_h, BS: tl.constexpr):
@@ -84,31 +83,10 @@ if triton is not None:
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32 (the CPU interpreter needs it)
         PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" keeps fp32 inputs off tf32
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
-        pf_a0=0,  # regions for L2 to fetch while this runs (kernels._common.l2_prefetch_args)
-        pf_n0=0,
-        pf_a1=0,
-        pf_n1=0,
-        pf_a2=0,
-        pf_n2=0,
-        NPF: tl.constexpr = 0,
-        NT: tl.constexpr = 128,  # threads a program (num_warps * 32)
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         sp = tl.program_id(2)
-        npid = tl.num_programs(1) * tl.num_programs(2)
-        l2_prefetch(
-            pf_a0,
-            pf_n0,
-            pf_a1,
-            pf_n1,
-            pf_a2,
-            pf_n2,
-            (b * tl.num_programs(1) + kvh) * tl.num_programs(2) + sp,
-            tl.num_programs(0) * npid,
-            NPF,
-            NT,
-        )
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, BLOCK_D)
         gmask = g < G
@@ -200,7 +178,6 @@ def paged_decode_attention(
     splits: int | None = None,
     block_n: int | None = None,
     out: torch.Tensor | None = None,
-    l2_prefetch: tuple[torch.Tensor, ...] = (),
 ) -> torch.Tensor:
     """``(B, nh, hd)`` attention of one query per sequence over its paged context.
 
@@ -221,8 +198,6 @@ def paged_decode_attention(
         block_n: context tokens per loop step; default 64 on the GPU, 16 in the interpreter.
         out: ``(B, nh, hd)`` tensor in q's dtype to write into (a view, such as the leading rows
             of a mixed step's output, saves a copy); default a new one.
-        l2_prefetch: up to three tensors (the output projection's weights) for L2 to fetch while
-            attention runs (``kernels._common.l2_prefetch``); a hint with no effect on values.
 
     Returns:
         ``out``, or a new ``(B, nh, hd)`` tensor in q's dtype.
@@ -289,9 +264,7 @@ def paged_decode_attention(
         DOT_F32=dot_in_fp32() or q.dtype == torch.float32,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,
-        NT=128,
         **pdl_args(q),
-        **l2_prefetch_args(l2_prefetch),
     )
     _decode_reduce_kernel[(B, nh)](
         part_out,

@@ -21,22 +21,12 @@ launchers fall back to those where no kernel can run. Launch configs live in
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
 
 from kernels import int4_gemv, reference
-from kernels._common import (
-    can_launch,
-    check,
-    check_dtype,
-    check_last_contiguous,
-    interpreting,
-    l2_prefetch_args,
-    tl,
-    triton,
-)
+from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, tl, triton
 from kernels._matmul_config import GEMV_MAX_ROWS, Config, Kind, config_for, set_config
 from kernels._matmul_launch import check_epilogue, finish_unfused, launch
 
@@ -46,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
 
 if triton is not None:
-    from kernels._common import WEIGHT_EVICTION, l2_prefetch, pdl_enter, pdl_enter_after_wait
+    from kernels._common import WEIGHT_EVICTION, pdl_enter, pdl_enter_after_wait
     from kernels._matmul_launch import _program_tile, _store_tile
     from kernels.int4_gemv import _int4_gemv_step, _int4_h2_step, _word_tile
     from kernels.rope_kv import _rope_rows
@@ -249,18 +239,7 @@ if triton is not None:
         H2: tl.constexpr = False,  # GEMV: products on half2 FMAs (_h2_dot; compiled kernels only, not EXACT)
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
-        pf_a0=0,  # regions for L2 to fetch as the kernel starts (kernels._common.l2_prefetch_args)
-        pf_n0=0,
-        pf_a1=0,
-        pf_n1=0,
-        pf_a2=0,
-        pf_n2=0,
-        NPF: tl.constexpr = 0,
-        NT: tl.constexpr = 128,  # threads a program (num_warps * 32)
     ):
-        pid = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
-        nprog = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-        l2_prefetch(pf_a0, pf_n0, pf_a1, pf_n1, pf_a2, pf_n2, pid, nprog, NPF, NT)
         rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
         pos, slot = _rope_rows(pos_ptr, slot_ptr, rm, mmask, ROPE)  # before the PDL wait
         ks = tl.program_id(2)
@@ -462,12 +441,4 @@ def int4_matmul(
     asm = x.is_cuda and not interpreting()
     h2 = asm and not exact and int4_gemv.takes_half2(cfg, k2, packed.data_ptr())
     tensors = (packed, scales, zeros)
-    ahead = l2_prefetch_args(tensors) if _L2_AHEAD and cfg.path == "gemv" and x.shape[0] == 1 else {}
-    if ahead:
-        ahead["NT"] = 32 * cfg.num_warps
-    return launch(
-        _int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope, G=group_size, EXACT=exact, ASM=asm, H2=h2, **ahead
-    )
-
-
-_L2_AHEAD = os.environ.get("CROSSWAY_L2_AHEAD", "0") == "1"  # experiment: each int4 GEMV asks L2 for its weights
+    return launch(_int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope, G=group_size, EXACT=exact, ASM=asm, H2=h2)

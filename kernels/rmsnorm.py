@@ -10,20 +10,10 @@ from __future__ import annotations
 import torch
 
 from kernels import reference
-from kernels._common import (
-    can_launch,
-    check,
-    check_dtype,
-    check_last_contiguous,
-    l2_prefetch_args,
-    next_pow2,
-    pdl_args,
-    tl,
-    triton,
-)
+from kernels._common import can_launch, check, check_dtype, check_last_contiguous, next_pow2, pdl_args, tl, triton
 
 if triton is not None:
-    from kernels._common import l2_prefetch, pdl_enter
+    from kernels._common import pdl_enter
 
     @triton.jit
     def _rms_norm_residual_kernel(
@@ -41,17 +31,8 @@ if triton is not None:
         HAS_RESIDUAL: tl.constexpr,  # add the residual first
         BLOCK_C: tl.constexpr,  # power of two >= C: one program holds a whole row
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
-        pf_a0=0,  # regions for L2 to fetch while this runs (kernels._common.l2_prefetch_args)
-        pf_n0=0,
-        pf_a1=0,
-        pf_n1=0,
-        pf_a2=0,
-        pf_n2=0,
-        NPF: tl.constexpr = 0,
-        NT: tl.constexpr = 32,  # threads a program (num_warps * 32)
     ):
         row = tl.program_id(0)
-        l2_prefetch(pf_a0, pf_n0, pf_a1, pf_n1, pf_a2, pf_n2, row, tl.num_programs(0), NPF, NT)
         cols = tl.arange(0, BLOCK_C)
         mask = cols < C
         # NOTE(h7): the norm weight is no earlier kernel's output: read before the PDL wait, not after
@@ -71,16 +52,9 @@ if triton is not None:
 
 
 def rms_norm_residual(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    weight: torch.Tensor,
-    eps: float,
-    l2_prefetch: tuple[torch.Tensor, ...] = (),
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weight * rmsnorm(x + residual), x + residual)`` over ``(M, C)`` rows; see the reference.
-
-    ``l2_prefetch``: up to three tensors (the next matmul's weights) for L2 to fetch while the norm
-    runs, shared among its programs (``kernels._common.l2_prefetch``); a hint with no effect on values.
 
     Raises:
         ValueError: shapes, dtypes or strides the kernel cannot take.
@@ -102,7 +76,6 @@ def rms_norm_residual(
     h = torch.empty_like(x) if residual is not None else x
     res = residual if residual is not None else x
     BLOCK_C = next_pow2(C)
-    warps = min(16, max(1, BLOCK_C // 256))
     _rms_norm_residual_kernel[(M,)](
         x,
         res,
@@ -117,9 +90,7 @@ def rms_norm_residual(
         eps,
         HAS_RESIDUAL=residual is not None,
         BLOCK_C=BLOCK_C,
-        num_warps=warps,
-        NT=32 * warps,
+        num_warps=min(16, max(1, BLOCK_C // 256)),
         **pdl_args(x),
-        **l2_prefetch_args(l2_prefetch),
     )
     return out, h

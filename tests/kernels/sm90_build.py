@@ -192,9 +192,6 @@ def cases() -> list[Case]:
             "PDL": True,
         }
         out.append(Case(f"decode split G={g} hd={hd}", paged_attention._decode_split_kernel, c, attn))
-    pf = {f"pf_a{i}": "i64" for i in range(3)}
-    c = {**c, "NPF": 3, "NT": 128}
-    out.append(Case("decode split, L2 prefetch", paged_attention._decode_split_kernel, c, {**attn, **pf}))
     c = {"NH": 32, "HD": 128, "BLOCK_S": 32, "BLOCK_D": 128, "PDL": True}
     out.append(Case("decode reduce", paged_attention._decode_reduce_kernel, c, attn))
     pre = {**attn, "qstart_ptr": "*i32", "qlen_ptr": "*i32", "slen_ptr": "*i32"}
@@ -215,12 +212,11 @@ def cases() -> list[Case]:
     for nh, hd, bh in ((32, 128, 1), (9, 64, 2)):  # 32 splits: the 8B's and SmolLM2's prefix-hit tails
         c = {"NH": nh, "HD": hd, "BLOCK_S": 32, "BLOCK_H": bh, "BLOCK_B": 8, "PDL": True}
         out.append(Case(f"prefill merge hd={hd}", paged_prefill._prefill_merge_kernel, c, pre))
-    norm = {"w_ptr": "*fp32", "eps": "fp32"}
     for res in (False, True):
         c = {"HAS_RESIDUAL": res, "BLOCK_C": 4096, "PDL": True}
-        out.append(Case(f"rmsnorm residual={res}", rmsnorm._rms_norm_residual_kernel, c, norm, 16))
-    c = {"HAS_RESIDUAL": True, "BLOCK_C": 4096, "PDL": True, "NPF": 3, "NT": 512}
-    out.append(Case("rmsnorm, L2 prefetch", rmsnorm._rms_norm_residual_kernel, c, {**norm, **pf}, 16))
+        out.append(
+            Case(f"rmsnorm residual={res}", rmsnorm._rms_norm_residual_kernel, c, {"w_ptr": "*fp32", "eps": "fp32"}, 16)
+        )
     c = {"NH": 32, "NKV": 8, "HALF": 64, "BLOCK_H": 32, "BLOCK_D": 64, "PDL": True}
     rope = {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64"}
     out.append(Case("rope + kv write", rope_kv._rope_write_kv_kernel, c, rope))
