@@ -31,20 +31,22 @@ from kernels._matmul_config import Config, config_for
 def grid(kind: str, n: int, k_iter: int, group: int) -> list[Config]:
     """GEMV tiles tried (a tile in flight): wide weights get fewer, unsplit ones (their grid fills the GPU).
 
-    int4 rows long enough for the half2 loop keep to the tiles it takes (the others would run the fp32 loop).
+    int4 rows long enough for the half2 loop keep to the tiles it takes (the others would run the fp32
+    loop), each with and without its scales and x a step ahead (``Config.ahead``).
     """
     wide = n > 8192
     half2 = kind == "int4" and k_iter >= int4_gemv.HALF2_MIN_BYTES
     out = []
     for bn in (8, 16) if wide else (8, 16, 32):
-        for bk in (512, 1024) if wide else (256, 512, 1024):
-            for warps in (2, 4) if wide else (1, 2, 4):
+        for bk in (512, 1024, 2048):
+            for warps in (2, 4):
                 for split in (1,) if wide else (1, 2, 4, 8):
-                    cfg = Config("gemv", bn, bk, split, num_warps=warps, prefetch=True)
-                    if bk % max(group, 1) or k_iter // split < bk:
-                        continue
-                    if not half2 or int4_gemv.takes_half2(cfg, k_iter, 0):
-                        out.append(cfg)
+                    for ahead in (False, True) if half2 else (False,):
+                        cfg = Config("gemv", bn, bk, split, num_warps=warps, prefetch=True, ahead=ahead)
+                        if bk % max(group, 1) or k_iter // split < bk or bn * bk > 32768:
+                            continue
+                        if not half2 or int4_gemv.takes_half2(cfg, k_iter, 0):
+                            out.append(cfg)
     return out
 
 
@@ -86,7 +88,8 @@ def main() -> None:
             quant_matmul.set_config(kind, 1, n, k, cfg)
             trials.append((rate(), cfg))
             print(
-                f"  {name} {cfg.block_n} x {cfg.block_k} split {cfg.split_k} {cfg.num_warps} warps: {trials[-1][0]:.1f}"
+                f"  {name} {cfg.block_n} x {cfg.block_k} split {cfg.split_k} {cfg.num_warps} warps"
+                f"{' ahead' if cfg.ahead else ''}: {trials[-1][0]:.1f}"
             )
         quant_matmul.set_config(kind, 1, n, k, kept.get((n, k)))
         current = rate()  # re-timed beside the trials

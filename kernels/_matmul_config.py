@@ -40,6 +40,9 @@ class Config:
     """GEMV path: load the first weight tile before the PDL wait (the weight is no earlier kernel's
     output, so the load overlaps the previous kernel's tail); the int4 half2 loop then keeps loading
     a tile ahead."""
+    ahead: bool = False
+    """int4 half2 GEMV with ``prefetch``: each step's scales, zeros and x load a step ahead too, with
+    its weights (more registers a thread; their latency off the step)."""
 
 
 _CONFIGS: dict[tuple[str, int, int, int], Config] = {}
@@ -96,7 +99,7 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
 
     Needs no device, so the sm_90 build check (``tests/kernels/sm90_build.py``) compiles the tiles launched.
     """
-    warps, prefetch = 4, False
+    warps, prefetch, ahead = 4, False, False
     split: int | None = None  # set where tuning chose it; else the rule below
     if _gemv_default(kind, m, n, k_iter_cols):
         if interp:
@@ -136,15 +139,21 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             # (10.1-10.4 us; 2026-11-26)
             bn, bk, warps, prefetch = (8, 512, 8, True) if 4096 < n <= 8192 else (2, 1024, 2, True)
         elif k_iter_cols >= 1024 and n <= 8192:
-            # NOTE(h7): the half2 int4 GEMV (kernels.int4_gemv._h2_dot), a tile in flight, over the 8B
-            # qkv (6,144 columns), o and down on the H100, tuned by the decode step's rate rather than
-            # by the GEMV timed alone (bench/tune_step.py): qkv 16 rows x 1,024 bytes unsplit over 4
-            # warps, o and down 32 x 512 split 4 over 4 warps (alone 8.3, 6.2, 15.6 us). Alternated,
-            # the int4 step took 476.9 / 477.0 tok/s against 459.5 / 459.5 with the tiles before (qkv
-            # 16 x 512 split 2, o 32 x 512 split 4 over 2 warps, down 32 x 256 split 8 over 2; alone
-            # 10.7, 6.6, 16.4 us); the fastest alone (qkv 8 x 1,024 over 2 warps, o 8 x 512 over 4,
-            # both unsplit) each made the step slower (447.7 against 458.8, 458.9 against 467.5; 2026-11-27)
-            bn, bk, warps, split, prefetch = (16, 1024, 4, 1, True) if n > 4096 else (32, 512, 4, 4, True)
+            # NOTE(h7): the half2 int4 GEMV (kernels.int4_gemv._h2_dot) over the 8B qkv (6,144 columns),
+            # o and down on the H100, tiles chosen by the decode step's rate (bench/tune_step.py), each
+            # with its scales and x a step ahead (``ahead``): qkv 16 rows x 1,024 bytes, o 16 x 2,048
+            # (the whole row in one step), down 16 x 512 split 2, all over 4 warps, unsplit but down.
+            # The tool's run from the tiles before (qkv 16 x 1,024, o and down 32 x 512 split 4, none
+            # ahead) kept one a shape: 483.9 / 483.8 -> 499.4 / 499.7 tok/s, alternated. Alone, qkv
+            # 8.5 -> 6.8 us; o 6.2 -> 6.0 and down 15.4 -> 15.6 (faster alone without ``ahead``, slower
+            # in the step; 2026-11-27)
+            bn, warps, split, prefetch, ahead = 16, 4, 1, True, True
+            if n > 4096:
+                bk = 1024
+            elif k_iter_cols <= 2048:
+                bk = 2048
+            else:
+                bk, split = 512, 2
         elif k_iter_cols >= 1024:
             # NOTE(h7): the half2 int4 GEMV over the 8B gate_up and LM head on the H100: 8 rows x 1,024
             # bytes over 2 warps, 25.3 and 103.3 us; the fp32 FMA loop's best tiles of up to 512 bytes
@@ -181,4 +190,4 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
     # NOTE(h7): the first weight tile before the PDL wait took 0.6-2.6 us off each dense and int8
     # GEMV of the 8B shapes on the H100; the int4 fp32 loop's larger shapes lost up to 15 us to it
     # (its registers doubled), so int4 sets it only where it was measured (the half2 loop, above)
-    return Config(path, bn, bk, split, num_warps=warps, prefetch=prefetch)
+    return Config(path, bn, bk, split, num_warps=warps, prefetch=prefetch, ahead=ahead)

@@ -232,20 +232,50 @@ if triton is not None:
         )
 
     @triton.jit
-    def _half_pairs(x_row, rc, cmask, scale):
-        """The x of words ``rc`` as ``_h2_dot`` takes it, times ``scale``: fp16 pairs in int32, and their fp32 sum.
+    def _x_quads(x_row, k0, k_end, K2, BLOCK_W: tl.constexpr):
+        """The x at columns ``4c .. 4c + 3`` of the step's words ``c`` (at byte ``k0``), as loaded: four ``(BLOCK_W,)``.
+
+        Zeros for a step at or past ``k_end`` (the one a tile in flight loads after the last).
+        """
+        rc = k0 // 4 + tl.arange(0, BLOCK_W)
+        cmask = (rc < K2 // 4) & (k0 < k_end)
+        x0 = tl.load(x_row + 4 * rc, mask=cmask, other=0.0)
+        x1 = tl.load(x_row + 4 * rc + 1, mask=cmask, other=0.0)
+        x2 = tl.load(x_row + 4 * rc + 2, mask=cmask, other=0.0)
+        x3 = tl.load(x_row + 4 * rc + 3, mask=cmask, other=0.0)
+        return x0, x1, x2, x3
+
+    @triton.jit
+    def _half_pairs(x0, x1, x2, x3, scale):
+        """Four columns of x (``_x_quads``) as ``_h2_dot`` takes them, times ``scale``: fp16 pairs in int32, and their fp32 sum.
 
         Returns ``((x[4c], x[4c+2]), (x[4c+1], x[4c+3]), x[4c] + ... + x[4c+3])`` for each word ``c``.
         """
-        x0 = tl.load(x_row + 4 * rc, mask=cmask, other=0.0).to(tl.float32)
-        x1 = tl.load(x_row + 4 * rc + 1, mask=cmask, other=0.0).to(tl.float32)
-        x2 = tl.load(x_row + 4 * rc + 2, mask=cmask, other=0.0).to(tl.float32)
-        x3 = tl.load(x_row + 4 * rc + 3, mask=cmask, other=0.0).to(tl.float32)
+        x0 = x0.to(tl.float32)
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+        x3 = x3.to(tl.float32)
         h0 = (x0 * scale).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         h1 = (x1 * scale).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         h2 = (x2 * scale).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
         h3 = (x3 * scale).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
         return h0 | (h2 << 16), h1 | (h3 << 16), x0 + x1 + x2 + x3
+
+    @triton.jit
+    def _h2_scales(s_ptr, z_ptr, rn, ss_n, k0, k_end, nmask, K2, NG: tl.constexpr, G: tl.constexpr):
+        """The step's (at byte ``k0``) scales and zeros as loaded: ``(s_lo, z_lo, s_hi, z_hi)``, each ``(BLOCK_N, NG)``.
+
+        Zeros for a step at or past ``k_end``.
+        """
+        HI_GROUPS = K2 // G
+        rg = k0 // G + tl.arange(0, NG)
+        gmask = nmask[:, None] & ((rg < HI_GROUPS) & (k0 < k_end))[None, :]
+        s_off = rn[:, None] * ss_n + rg[None, :]
+        s_lo = tl.load(s_ptr + s_off, mask=gmask, other=0.0)
+        z_lo = tl.load(z_ptr + s_off, mask=gmask, other=0.0)
+        s_hi = tl.load(s_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0)
+        z_hi = tl.load(z_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0)
+        return s_lo, z_lo, s_hi, z_hi
 
     @triton.jit
     def _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K: tl.constexpr):
@@ -259,18 +289,31 @@ if triton is not None:
         )
 
     @triton.jit
-    def _int4_h2_step(acc2, wq, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G: tl.constexpr):
+    def _int4_h2_step(acc2, wq, k0, k_end, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G: tl.constexpr):
         """``_int4_gemv_step`` on half2 FMAs (``_h2_dot``): ``wq`` is the step's ``(BLOCK_N, BLOCK_K / 4)`` int32 words.
 
-        Per group, ``sum((q - 8) s x + z x) = 4 s sum((q - 8) x / 4) + z sum(x)``.
+        Loads the step's x, then its scales and zeros (after the products: fewer registers live).
+        """
+        BLOCK_W: tl.constexpr = wq.shape[1]
+        NG: tl.constexpr = BLOCK_W * 4 // G  # groups per step and half
+        a0, a1, a2, a3 = _x_quads(x_row, k0, k_end, K2, BLOCK_W)
+        b0, b1, b2, b3 = _x_quads(x_row + K2, k0, k_end, K2, BLOCK_W)
+        t_lo, t_hi, xs_lo, xs_hi = _h2_sums(wq, a0, a1, a2, a3, b0, b1, b2, b3, G)
+        s_lo, z_lo, s_hi, z_hi = _h2_scales(s_ptr, z_ptr, rn, ss_n, k0, k_end, nmask, K2, NG, G)
+        return _h2_fold(acc2, t_lo, t_hi, xs_lo, xs_hi, s_lo, z_lo, s_hi, z_hi)
+
+    @triton.jit
+    def _h2_sums(wq, a0, a1, a2, a3, b0, b1, b2, b3, G: tl.constexpr):
+        """Per row and group of a step, ``sum((q - 8) x / 4)`` of each half, and per group ``sum(x)``: ``(t_lo, t_hi, xs_lo, xs_hi)``.
+
+        ``wq``: the step's int32 words (``_word_tile``); ``a*`` / ``b*``: x of the low and high half
+        (``_x_quads``).
         """
         BLOCK_N: tl.constexpr = wq.shape[0]
         BLOCK_W: tl.constexpr = wq.shape[1]
         NG: tl.constexpr = BLOCK_W * 4 // G  # groups per step and half
-        rc = k0 // 4 + tl.arange(0, BLOCK_W)
-        cmask = rc < K2 // 4
-        xa, xb, xs_lo = _half_pairs(x_row, rc, cmask, 0.25)
-        xc, xd, xs_hi = _half_pairs(x_row + K2, rc, cmask, 0.25 / 16.0)
+        xa, xb, xs_lo = _half_pairs(a0, a1, a2, a3, 0.25)
+        xc, xd, xs_hi = _half_pairs(b0, b1, b2, b3, 0.25 / 16.0)
         o = _h2_dot(wq, xa[None, :], xb[None, :], xc[None, :], xd[None, :])  # (BLOCK_N, BLOCK_W)
         o4 = tl.reshape(o, (BLOCK_N, BLOCK_W // 4, 2, 2))  # [lo, lo, hi, hi] of each 4 words
         lo, hi = tl.split(tl.permute(o4, (0, 1, 3, 2)))  # (BLOCK_N, BLOCK_W / 4, 2) each
@@ -278,7 +321,11 @@ if triton is not None:
         t_hi = tl.sum(tl.reshape(hi, (BLOCK_N, NG, G // 8)), axis=2)
         xs_lo = tl.sum(tl.reshape(xs_lo, (NG, G // 4)), axis=1)[None, :]  # (1, NG)
         xs_hi = tl.sum(tl.reshape(xs_hi, (NG, G // 4)), axis=1)[None, :]
-        s_lo, z_lo, s_hi, z_hi = _group_scales(s_ptr, z_ptr, rn, ss_n, k0 // G + tl.arange(0, NG), nmask, K2 // G)
-        acc2 += (4.0 * s_lo) * t_lo + z_lo * xs_lo
-        acc2 += (4.0 * s_hi) * t_hi + z_hi * xs_hi
+        return t_lo, t_hi, xs_lo, xs_hi
+
+    @triton.jit
+    def _h2_fold(acc2, t_lo, t_hi, xs_lo, xs_hi, s_lo, z_lo, s_hi, z_hi):
+        """``acc2`` plus a step's group sums: ``sum((q - 8) s x + z x) = 4 s sum((q - 8) x / 4) + z sum(x)``."""
+        acc2 += (4.0 * s_lo.to(tl.float32)) * t_lo + z_lo.to(tl.float32) * xs_lo
+        acc2 += (4.0 * s_hi.to(tl.float32)) * t_hi + z_hi.to(tl.float32) * xs_hi
         return acc2

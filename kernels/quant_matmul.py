@@ -38,7 +38,15 @@ __all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set
 if triton is not None:
     from kernels._common import WEIGHT_EVICTION, pdl_enter, pdl_enter_after_wait
     from kernels._matmul_launch import _program_tile, _store_tile
-    from kernels.int4_gemv import _int4_gemv_step, _int4_h2_step, _word_tile
+    from kernels.int4_gemv import (
+        _h2_fold,
+        _h2_scales,
+        _h2_sums,
+        _int4_gemv_step,
+        _int4_h2_step,
+        _word_tile,
+        _x_quads,
+    )
     from kernels.rope_kv import _rope_rows
 
     @triton.jit
@@ -238,6 +246,7 @@ if triton is not None:
         ASM: tl.constexpr = False,  # GEMV: unpack the nibbles with inline PTX (compiled kernels only)
         H2: tl.constexpr = False,  # GEMV: products on half2 FMAs (_h2_dot; compiled kernels only, not EXACT)
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
+        AHEAD: tl.constexpr = False,  # half2 GEMV with PREFETCH: scales and x a step ahead too (Config.ahead)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
@@ -256,16 +265,32 @@ if triton is not None:
                 # peeled step). On the H100's 8B shapes, each with its best tile: qkv 9.7 -> 8.8 us,
                 # o 7.7 -> 6.8, down 17.4 -> 16.6; gate_up 25.3 -> 26.1 and the LM head 102.3 -> 104.8
                 w32 = w_ptr.to(tl.pointer_type(tl.int32)) + rn[:, None] * (sw_n // 4)
-                if PREFETCH:
+                BLOCK_W: tl.constexpr = BLOCK_K // 4
+                if PREFETCH:  # weights and scales are no kernel's output: they load before the wait
                     wq = _word_tile(w32, k_lo, k_end, K2, nmask, BLOCK_K)
+                    if AHEAD:
+                        s0, z0, s1, z1 = _h2_scales(s_ptr, z_ptr, rn, ss_n, k_lo, k_end, nmask, K2, NG, G)
                 pdl_enter_after_wait(PDL)
+                if AHEAD:
+                    a0, a1, a2, a3 = _x_quads(x_row, k_lo, k_end, K2, BLOCK_W)
+                    b0, b1, b2, b3 = _x_quads(x_row + K2, k_lo, k_end, K2, BLOCK_W)
                 for k0 in range(k_lo, k_end, BLOCK_K):
                     if PREFETCH:
-                        cur = wq
+                        cw = wq
                         wq = _word_tile(w32, k0 + BLOCK_K, k_end, K2, nmask, BLOCK_K)
                     else:
-                        cur = _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K)
-                    acc2 = _int4_h2_step(acc2, cur, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G)
+                        cw = _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K)
+                    if AHEAD:  # this step's scales and x were loaded a step ago; load the next step's
+                        cs0, cz0, cs1, cz1 = s0, z0, s1, z1
+                        ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3 = a0, a1, a2, a3, b0, b1, b2, b3
+                        nxt = k0 + BLOCK_K
+                        s0, z0, s1, z1 = _h2_scales(s_ptr, z_ptr, rn, ss_n, nxt, k_end, nmask, K2, NG, G)
+                        a0, a1, a2, a3 = _x_quads(x_row, nxt, k_end, K2, BLOCK_W)
+                        b0, b1, b2, b3 = _x_quads(x_row + K2, nxt, k_end, K2, BLOCK_W)
+                        sums = _h2_sums(cw, ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3, G)
+                        acc2 = _h2_fold(acc2, sums[0], sums[1], sums[2], sums[3], cs0, cz0, cs1, cz1)
+                    else:
+                        acc2 = _int4_h2_step(acc2, cw, k0, k_end, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G)
             else:
                 # NOTE(h7): PREFETCH peels the first step, which doubled this loop's registers (16 x 512
                 # bytes, 2 warps: 127 -> 254 a thread, 168 -> 255 with SiLU-and-mul on the loads; ptxas):
@@ -441,4 +466,7 @@ def int4_matmul(
     asm = x.is_cuda and not interpreting()
     h2 = asm and not exact and int4_gemv.takes_half2(cfg, k2, packed.data_ptr())
     tensors = (packed, scales, zeros)
-    return launch(_int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope, G=group_size, EXACT=exact, ASM=asm, H2=h2)
+    ahead = h2 and cfg.prefetch and cfg.ahead
+    return launch(
+        _int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope, G=group_size, EXACT=exact, ASM=asm, H2=h2, AHEAD=ahead
+    )

@@ -78,7 +78,10 @@ def _default(kind: Kind, rows: int, n: int, k_iter: int, group: int) -> tuple[di
     from kernels._matmul_config import default_config
 
     cfg = default_config(kind, rows, n, k_iter, group, interp=False, sms=132)
-    return {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}, cfg.num_warps, cfg.prefetch
+    tile: dict[str, Any] = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
+    if kind == "int4":
+        tile["AHEAD"] = cfg.ahead
+    return tile, cfg.num_warps, cfg.prefetch
 
 
 def _words_a_thread(ttgir: str) -> list[int]:
@@ -151,15 +154,19 @@ def cases() -> list[Case]:
         out.append(Case(f"int8 gemv {small_n}x{small_k}", quant_matmul._int8_kernel, c, {**mm, "w_ptr": "*i8"}, warps))
     w4 = {**mm, "w_ptr": "*u8"}
     tile, warps, _ = _default("int4", 1, n, k // 2, 128)
-    for exact, prefetch in ((False, False), (True, False), (False, True)):  # int4 leaves the prefetch to tuning
+    for exact, prefetch, ahead in ((False, False, False), (True, False, False), (False, True, False), (False, True, True)):  # fmt: skip
         c = {**gemv, **tile, "G": 128, "GLU": False, "EXACT": exact, "H2": not exact, "PREFETCH": prefetch}
-        out.append(Case(f"int4 gemv exact={exact} prefetch={prefetch}", quant_matmul._int4_kernel, c, w4, warps))
+        c["AHEAD"] = ahead
+        name = f"int4 gemv exact={exact} prefetch={prefetch} ahead={ahead}"
+        out.append(Case(name, quant_matmul._int4_kernel, c, w4, warps))
     tile, warps, prefetch = _default("int4", 1, gu_n, gu_k // 2, 128)
     c = {**gemv, **tile, "G": 128, "GLU": True, "EXACT": False, "H2": True, "PREFETCH": prefetch}
     out.append(Case("int4 gemv glu", quant_matmul._int4_kernel, c, w4, warps))
     for bn, bk, warps in ((16, 128, 4), (4, 512, 4), (2, 1024, 2)):  # the smallest tiles takes_half2 lets in
         c = {**gemv, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "G": 32, "GLU": False, "EXACT": False, "H2": True}
-        out.append(Case(f"int4 gemv half2 {bn}x{bk}", quant_matmul._int4_kernel, {**c, "PREFETCH": True}, w4, warps))
+        for ahead in (False, True):
+            name = f"int4 gemv half2 {bn}x{bk} ahead={ahead}"
+            out.append(Case(name, quant_matmul._int4_kernel, {**c, "PREFETCH": True, "AHEAD": ahead}, w4, warps))
     for small_n, small_k in ((576, 1536), (49152, 576)):  # SmolLM2's down and LM head, GGUF's group of 32
         tile, warps, prefetch = _default("int4", 1, small_n, small_k // 2, 32)
         c = {**gemv, **tile, "G": 32, "GLU": False, "EXACT": False, "H2": False, "PREFETCH": prefetch}

@@ -17,7 +17,8 @@ INT8_SHAPES = (
     else [(1, 33, 72), (3, 17, 40), (20, 33, 72)]
 )
 INT4_SHAPES = (
-    [(1, 4099, 4096), (3, 1027, 14336), (17, 4096, 4096), (64, 6144, 4096)]
+    # the 8B's GEMV defaults: (1, 4099, 4096) o's, (1, 6150, 4096) qkv's, (2, 4096, 14336) down's
+    [(1, 4099, 4096), (1, 6150, 4096), (2, 4096, 14336), (3, 1027, 14336), (17, 4096, 4096), (64, 6144, 4096)]
     if ON_GPU
     else [(1, 33, 192), (3, 17, 64), (20, 33, 192)]
 )
@@ -31,6 +32,7 @@ CPU_CONFIGS = [
 GPU_CONFIGS = [
     None,
     Config("gemv", 32, 256, 4, prefetch=True),
+    Config("gemv", 32, 256, 3, prefetch=True, ahead=True),  # int4: scales and x a step ahead, a ragged split
     Config("gemv", 32, 64, 2),
     Config("tiled", 64, 32, 1),
     Config("tiled", 64, 32, 4),
@@ -159,7 +161,7 @@ def test_tiled_split_past_k_reads_no_scale_beyond_the_tensors(device, kind):
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_gemv_gives_the_same_bits_with_the_first_weight_tile_loaded_before_the_wait(device, fmt):
-    """``Config.prefetch`` moves a load, not arithmetic: outputs bit-equal, over split-K and a ragged last step."""
+    """``Config.prefetch`` (and ``ahead``) move loads, not arithmetic: outputs bit-equal, over split-K and a ragged last step."""
     m, n, k = (3, 1027, 4096 + 256) if ON_GPU else (3, 17, 192)
     w = torch.randn(n, k)
     x = torch.randn(m, k, dtype=torch.bfloat16 if ON_GPU else torch.float32, device=device)
@@ -170,11 +172,19 @@ def test_gemv_gives_the_same_bits_with_the_first_weight_tile_loaded_before_the_w
         packed, sc, z = (t.to(device) for t in reference.quantize_int4(w, 32))
         run = lambda cfg: int4_matmul(x, packed, sc, z, 32, cfg)  # noqa: E731
     bk, split = (256, 4) if ON_GPU else (32, 2)
-    assert torch.equal(run(Config("gemv", 16, bk, split, prefetch=True)), run(Config("gemv", 16, bk, split)))
+    plain = run(Config("gemv", 16, bk, split))
+    assert torch.equal(run(Config("gemv", 16, bk, split, prefetch=True)), plain)
+    assert torch.equal(run(Config("gemv", 16, bk, split, prefetch=True, ahead=True)), plain)
 
 
 GLU_CONFIGS = (
-    [None, Config("gemv", 2, 1024, 1, num_warps=2), Config("gemv", 16, 256, 4), Config("tiled", 64, 32, 2)]
+    [
+        None,
+        Config("gemv", 2, 1024, 1, num_warps=2),
+        Config("gemv", 16, 256, 4),
+        Config("gemv", 16, 512, 2, prefetch=True, ahead=True),
+        Config("tiled", 64, 32, 2),
+    ]
     if ON_GPU
     else [
         None,

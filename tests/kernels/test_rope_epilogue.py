@@ -16,7 +16,13 @@ from tests.kernels.conftest import ON_GPU
 # (heads, kv heads, head dim, K): GQA ratios 1 and 3 (the 8B shape's 4 on the GPU)
 HEADS = [(32, 8, 128, 4096), (9, 3, 64, 576)] if ON_GPU else [(3, 1, 16, 64), (2, 2, 8, 32)]
 CONFIGS = (
-    [None, Config("gemv", 8, 512, 1), Config("gemv", 16, 64, 3, prefetch=True), Config("tiled", 64, 32, 1)]
+    [
+        None,
+        Config("gemv", 8, 512, 1),
+        Config("gemv", 16, 64, 3, prefetch=True),
+        Config("gemv", 16, 1024, 1, prefetch=True, ahead=True),
+        Config("tiled", 64, 32, 1),
+    ]
     if ON_GPU
     else [
         None,
