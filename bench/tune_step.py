@@ -32,17 +32,22 @@ def grid(kind: str, n: int, k_iter: int, group: int) -> list[Config]:
     """GEMV tiles tried (a tile in flight): wide weights get fewer, unsplit ones (their grid fills the GPU).
 
     int4 rows long enough for the half2 loop keep to the tiles it takes (the others would run the fp32
-    loop), each with and without its scales and x a step ahead (``Config.ahead``).
+    loop), each with and without its scales and x a step ahead (``Config.ahead``), and for the wide
+    weights each also without the tile in flight.
     """
     wide = n > 8192
     half2 = kind == "int4" and k_iter >= int4_gemv.HALF2_MIN_BYTES
+    # (prefetch, ahead): a tile in flight, and scales and x a step ahead; wide shapes also without the tile
+    loads = [(True, False), (True, True)] if half2 else [(True, False)]
+    if half2 and wide:
+        loads += [(False, False), (False, True)]
     out = []
     for bn in (8, 16) if wide else (8, 16, 32):
         for bk in (512, 1024, 2048):
             for warps in (2, 4):
                 for split in (1,) if wide else (1, 2, 4, 8):
-                    for ahead in (False, True) if half2 else (False,):
-                        cfg = Config("gemv", bn, bk, split, num_warps=warps, prefetch=True, ahead=ahead)
+                    for prefetch, ahead in loads:
+                        cfg = Config("gemv", bn, bk, split, num_warps=warps, prefetch=prefetch, ahead=ahead)
                         if bk % max(group, 1) or k_iter // split < bk or bn * bk > 32768:
                             continue
                         if not half2 or int4_gemv.takes_half2(cfg, k_iter, 0):

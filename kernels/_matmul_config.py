@@ -41,8 +41,8 @@ class Config:
     output, so the load overlaps the previous kernel's tail); the int4 half2 loop then keeps loading
     a tile ahead."""
     ahead: bool = False
-    """int4 half2 GEMV with ``prefetch``: each step's scales, zeros and x load a step ahead too, with
-    its weights (more registers a thread; their latency off the step)."""
+    """int4 half2 GEMV: each step's scales, zeros and x load a step ahead (with its weights, under
+    ``prefetch``): more registers a thread, their latency off the step."""
 
 
 _CONFIGS: dict[tuple[str, int, int, int], Config] = {}

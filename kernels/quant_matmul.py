@@ -246,7 +246,7 @@ if triton is not None:
         ASM: tl.constexpr = False,  # GEMV: unpack the nibbles with inline PTX (compiled kernels only)
         H2: tl.constexpr = False,  # GEMV: products on half2 FMAs (_h2_dot; compiled kernels only, not EXACT)
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
-        AHEAD: tl.constexpr = False,  # half2 GEMV with PREFETCH: scales and x a step ahead too (Config.ahead)
+        AHEAD: tl.constexpr = False,  # half2 GEMV: scales and x a step ahead (Config.ahead)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
@@ -266,10 +266,11 @@ if triton is not None:
                 # o 7.7 -> 6.8, down 17.4 -> 16.6; gate_up 25.3 -> 26.1 and the LM head 102.3 -> 104.8
                 w32 = w_ptr.to(tl.pointer_type(tl.int32)) + rn[:, None] * (sw_n // 4)
                 BLOCK_W: tl.constexpr = BLOCK_K // 4
-                if PREFETCH:  # weights and scales are no kernel's output: they load before the wait
+                # weights and scales are no kernel's output: the first step's load before the wait
+                if PREFETCH:
                     wq = _word_tile(w32, k_lo, k_end, K2, nmask, BLOCK_K)
-                    if AHEAD:
-                        s0, z0, s1, z1 = _h2_scales(s_ptr, z_ptr, rn, ss_n, k_lo, k_end, nmask, K2, NG, G)
+                if AHEAD:
+                    s0, z0, s1, z1 = _h2_scales(s_ptr, z_ptr, rn, ss_n, k_lo, k_end, nmask, K2, NG, G)
                 pdl_enter_after_wait(PDL)
                 if AHEAD:
                     a0, a1, a2, a3 = _x_quads(x_row, k_lo, k_end, K2, BLOCK_W)
@@ -466,7 +467,7 @@ def int4_matmul(
     asm = x.is_cuda and not interpreting()
     h2 = asm and not exact and int4_gemv.takes_half2(cfg, k2, packed.data_ptr())
     tensors = (packed, scales, zeros)
-    ahead = h2 and cfg.prefetch and cfg.ahead
+    ahead = h2 and cfg.ahead
     return launch(
         _int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope, G=group_size, EXACT=exact, ASM=asm, H2=h2, AHEAD=ahead
     )

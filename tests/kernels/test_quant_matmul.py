@@ -175,6 +175,7 @@ def test_gemv_gives_the_same_bits_with_the_first_weight_tile_loaded_before_the_w
     plain = run(Config("gemv", 16, bk, split))
     assert torch.equal(run(Config("gemv", 16, bk, split, prefetch=True)), plain)
     assert torch.equal(run(Config("gemv", 16, bk, split, prefetch=True, ahead=True)), plain)
+    assert torch.equal(run(Config("gemv", 16, bk, split, ahead=True)), plain)
 
 
 GLU_CONFIGS = (
