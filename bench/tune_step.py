@@ -48,6 +48,7 @@ def grid(kind: str, n: int, k_iter: int, group: int) -> list[Config]:
                 for split in (1,) if wide else (1, 2, 4, 8):
                     for prefetch, ahead in loads:
                         cfg = Config("gemv", bn, bk, split, num_warps=warps, prefetch=prefetch, ahead=ahead)
+                        # tiles over 32 KB hold too many registers a thread to be worth a trial
                         if bk % max(group, 1) or k_iter // split < bk or bn * bk > 32768:
                             continue
                         if not half2 or int4_gemv.takes_half2(cfg, k_iter, 0):

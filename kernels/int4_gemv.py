@@ -142,17 +142,6 @@ if triton is not None:
         return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _group_scales(s_ptr, z_ptr, rn, ss_n, rg, nmask, HI_GROUPS):
-        """Scales and zeros of rows ``rn`` at low-half groups ``rg`` and their high-half twins: ``(s_lo, z_lo, s_hi, z_hi)``."""
-        gmask = nmask[:, None] & (rg < HI_GROUPS)[None, :]
-        s_off = rn[:, None] * ss_n + rg[None, :]
-        s_lo = tl.load(s_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
-        z_lo = tl.load(z_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
-        s_hi = tl.load(s_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)
-        z_hi = tl.load(z_ptr + s_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)
-        return s_lo, z_lo, s_hi, z_hi
-
-    @triton.jit
     def _int4_gemv_step(
         acc2,
         b,
@@ -185,7 +174,6 @@ if triton is not None:
         BLOCK_K: tl.constexpr = b.shape[1]
         NG: tl.constexpr = BLOCK_K // G  # groups per step and half
         OFF: tl.constexpr = 1.0 if EXACT else 0.0
-        HI_GROUPS = K2 // G  # group index offset of the high half
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K2
         f_lo, f_hi = _nibbles_f32(b, ASM)
@@ -197,7 +185,11 @@ if triton is not None:
         t_hi = tl.sum(tl.reshape(f_hi * x_hi[None, :], (BLOCK_N, NG, G)), axis=2)
         xs_lo = tl.sum(tl.reshape(x_lo, (NG, G)), axis=1)[None, :]  # (1, NG)
         xs_hi = tl.sum(tl.reshape(x_hi, (NG, G)), axis=1)[None, :]
-        s_lo, z_lo, s_hi, z_hi = _group_scales(s_ptr, z_ptr, rn, ss_n, k0 // G + tl.arange(0, NG), nmask, HI_GROUPS)
+        s_lo, z_lo, s_hi, z_hi = _group_scales(s_ptr, z_ptr, rn, ss_n, k0, nmask, K2, NG, G)
+        s_lo = s_lo.to(tl.float32)
+        z_lo = z_lo.to(tl.float32)
+        s_hi = s_hi.to(tl.float32)
+        z_hi = z_hi.to(tl.float32)
         acc2 += (2048.0 * s_lo) * t_lo + (z_lo - (2056.0 - 2048.0 * OFF) * s_lo) * xs_lo
         acc2 += (128.0 * s_hi) * t_hi + (z_hi - (136.0 - 128.0 * OFF) * s_hi) * xs_hi
         return acc2
@@ -262,14 +254,14 @@ if triton is not None:
         return h0 | (h2 << 16), h1 | (h3 << 16), x0 + x1 + x2 + x3
 
     @triton.jit
-    def _h2_scales(s_ptr, z_ptr, rn, ss_n, k0, k_end, nmask, K2, NG: tl.constexpr, G: tl.constexpr):
-        """The step's (at byte ``k0``) scales and zeros as loaded: ``(s_lo, z_lo, s_hi, z_hi)``, each ``(BLOCK_N, NG)``.
+    def _group_scales(s_ptr, z_ptr, rn, ss_n, k0, nmask, K2, NG: tl.constexpr, G: tl.constexpr):
+        """Rows ``rn``'s scales and zeros of the step at byte ``k0``, as loaded: ``(s_lo, z_lo, s_hi, z_hi)``, each ``(BLOCK_N, NG)``.
 
-        Zeros for a step at or past ``k_end``.
+        Zeros where ``nmask`` is false (a caller looking a step past its last masks every row).
         """
-        HI_GROUPS = K2 // G
+        HI_GROUPS = K2 // G  # group index offset of the high half
         rg = k0 // G + tl.arange(0, NG)
-        gmask = nmask[:, None] & ((rg < HI_GROUPS) & (k0 < k_end))[None, :]
+        gmask = nmask[:, None] & (rg < HI_GROUPS)[None, :]
         s_off = rn[:, None] * ss_n + rg[None, :]
         s_lo = tl.load(s_ptr + s_off, mask=gmask, other=0.0)
         z_lo = tl.load(z_ptr + s_off, mask=gmask, other=0.0)
@@ -299,7 +291,7 @@ if triton is not None:
         a0, a1, a2, a3 = _x_quads(x_row, k0, k_end, K2, BLOCK_W)
         b0, b1, b2, b3 = _x_quads(x_row + K2, k0, k_end, K2, BLOCK_W)
         t_lo, t_hi, xs_lo, xs_hi = _h2_sums(wq, a0, a1, a2, a3, b0, b1, b2, b3, G)
-        s_lo, z_lo, s_hi, z_hi = _h2_scales(s_ptr, z_ptr, rn, ss_n, k0, k_end, nmask, K2, NG, G)
+        s_lo, z_lo, s_hi, z_hi = _group_scales(s_ptr, z_ptr, rn, ss_n, k0, nmask, K2, NG, G)
         return _h2_fold(acc2, t_lo, t_hi, xs_lo, xs_hi, s_lo, z_lo, s_hi, z_hi)
 
     @triton.jit

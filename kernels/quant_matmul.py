@@ -39,8 +39,8 @@ if triton is not None:
     from kernels._common import WEIGHT_EVICTION, pdl_enter, pdl_enter_after_wait
     from kernels._matmul_launch import _program_tile, _store_tile
     from kernels.int4_gemv import (
+        _group_scales,
         _h2_fold,
-        _h2_scales,
         _h2_sums,
         _int4_gemv_step,
         _int4_h2_step,
@@ -264,13 +264,17 @@ if triton is not None:
                 # and each step loads the next before its products (one more tile of registers, no
                 # peeled step). On the H100's 8B shapes, each with its best tile: qkv 9.7 -> 8.8 us,
                 # o 7.7 -> 6.8, down 17.4 -> 16.6; gate_up 25.3 -> 26.1 and the LM head 102.3 -> 104.8
+                # NOTE(h7): AHEAD does for the step's scales and x what PREFETCH does for its weights:
+                # each was a round trip inside its step (scales from DRAM, x from L2). On the H100's
+                # 8B qkv at its tile, alone, 8.5 -> 6.8 us (254 registers a thread against 127);
+                # the step's gain is in kernels._matmul_config's int4 NOTE
                 w32 = w_ptr.to(tl.pointer_type(tl.int32)) + rn[:, None] * (sw_n // 4)
                 BLOCK_W: tl.constexpr = BLOCK_K // 4
                 # weights and scales are no kernel's output: the first step's load before the wait
                 if PREFETCH:
                     wq = _word_tile(w32, k_lo, k_end, K2, nmask, BLOCK_K)
                 if AHEAD:
-                    s0, z0, s1, z1 = _h2_scales(s_ptr, z_ptr, rn, ss_n, k_lo, k_end, nmask, K2, NG, G)
+                    s0, z0, s1, z1 = _group_scales(s_ptr, z_ptr, rn, ss_n, k_lo, nmask, K2, NG, G)
                 pdl_enter_after_wait(PDL)
                 if AHEAD:
                     a0, a1, a2, a3 = _x_quads(x_row, k_lo, k_end, K2, BLOCK_W)
@@ -285,11 +289,11 @@ if triton is not None:
                         cs0, cz0, cs1, cz1 = s0, z0, s1, z1
                         ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3 = a0, a1, a2, a3, b0, b1, b2, b3
                         nxt = k0 + BLOCK_K
-                        s0, z0, s1, z1 = _h2_scales(s_ptr, z_ptr, rn, ss_n, nxt, k_end, nmask, K2, NG, G)
+                        s0, z0, s1, z1 = _group_scales(s_ptr, z_ptr, rn, ss_n, nxt, nmask & (nxt < k_end), K2, NG, G)
                         a0, a1, a2, a3 = _x_quads(x_row, nxt, k_end, K2, BLOCK_W)
                         b0, b1, b2, b3 = _x_quads(x_row + K2, nxt, k_end, K2, BLOCK_W)
-                        sums = _h2_sums(cw, ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3, G)
-                        acc2 = _h2_fold(acc2, sums[0], sums[1], sums[2], sums[3], cs0, cz0, cs1, cz1)
+                        t_lo, t_hi, xs_lo, xs_hi = _h2_sums(cw, ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3, G)
+                        acc2 = _h2_fold(acc2, t_lo, t_hi, xs_lo, xs_hi, cs0, cz0, cs1, cz1)
                     else:
                         acc2 = _int4_h2_step(acc2, cw, k0, k_end, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G)
             else:

@@ -154,9 +154,16 @@ def cases() -> list[Case]:
         out.append(Case(f"int8 gemv {small_n}x{small_k}", quant_matmul._int8_kernel, c, {**mm, "w_ptr": "*i8"}, warps))
     w4 = {**mm, "w_ptr": "*u8"}
     tile, warps, _ = _default("int4", 1, n, k // 2, 128)
-    for exact, prefetch, ahead in ((False, False, False), (True, False, False), (False, True, False), (False, True, True), (False, False, True)):  # fmt: skip
-        c = {**gemv, **tile, "G": 128, "GLU": False, "EXACT": exact, "H2": not exact, "PREFETCH": prefetch}
-        c["AHEAD"] = ahead
+    loads = [
+        (False, False, False),
+        (True, False, False),
+        (False, True, False),
+        (False, True, True),
+        (False, False, True),
+    ]
+    for exact, prefetch, ahead in loads:  # int4 leaves the tile in flight and ``ahead`` to tuning
+        c = {**gemv, **tile, "G": 128, "GLU": False, "EXACT": exact, "H2": not exact}
+        c.update(PREFETCH=prefetch, AHEAD=ahead)
         name = f"int4 gemv exact={exact} prefetch={prefetch} ahead={ahead}"
         out.append(Case(name, quant_matmul._int4_kernel, c, w4, warps))
     tile, warps, prefetch = _default("int4", 1, gu_n, gu_k // 2, 128)

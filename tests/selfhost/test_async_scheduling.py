@@ -51,11 +51,16 @@ def run(engine: LLMEngine, work: list[tuple[str, list[int], SamplingParams]]) ->
 
 
 def summary(outs: list[RequestOutput]) -> tuple[Any, ...]:
+    """What a client sees, logprobs as ``(token, top ids)`` (their values: ``logprob_values``)."""
     last = outs[-1]
-    logprobs = [(lp.token_id, round(lp.logprob, 4), [t for t, _ in lp.top]) for o in outs for lp in o.logprobs]
+    logprobs = [(lp.token_id, [t for t, _ in lp.top]) for o in outs for lp in o.logprobs]
     tokens = [t for o in outs for t in o.token_ids]
     text = "".join(o.text for o in outs)
     return (tokens, text, last.finished, last.finish_reason, last.stop_reason, logprobs)
+
+
+def logprob_values(outs: list[RequestOutput]) -> list[float]:
+    return [lp.logprob for o in outs for lp in o.logprobs]
 
 
 @pytest.mark.parametrize(
@@ -74,6 +79,11 @@ def test_async_outputs_equal_sync_outputs(smollm2: Loaded, overrides: dict[str, 
     assert set(got) == {w[0] for w in work}
     for request_id in want:
         assert summary(got[request_id]) == summary(want[request_id]), request_id
+        # NOTE: a row the async run computes in another batch than the sync run (preemption by
+        # recompute) sums in another order in fp32, so its logprobs may differ in the last bits: a
+        # clean CI run (2026-11-27) saw -1.3269 against -1.327 once, rounded to 4 decimals
+        want_lp = logprob_values(want[request_id])
+        assert logprob_values(got[request_id]) == pytest.approx(want_lp, abs=1e-4), request_id
     assert want["stop-str"][-1].finish_reason == "stop"  # the workload exercises what it claims
     assert any(o[-1].finish_reason == "stop" and o[-1].stop_reason is None for o in want.values())  # EOS
     if "num_kv_blocks" in overrides:
