@@ -26,6 +26,7 @@ import torch
 from bench.gpu_decoder import KERNEL_KIND, LLAMA3_8B, SMOLLM2_135M, Decoder, DecodeState, QLinear, Shape, capture
 from kernels import quant_matmul
 from kernels._common import set_pdl
+from kernels._matmul_config import config_for
 from kernels.dense_gemv import MODEL_ROWS
 from kernels.quant_matmul import Config
 
@@ -142,8 +143,12 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]], *, 
                     flush=True,
                 )
                 continue
-            best: tuple[float, Config] | None = None
-            by_path: dict[str, float] = {}  # each path's best time, ms
+            # NOTE(h7): the default is in the race: it holds tiles tuned by the step's rate
+            # (bench/tune_step.py) and options the candidates lack (int4's ``ahead``)
+            int4 = kind == "int4"
+            default = config_for(kind, m, n, k, k // 2 if int4 else k, ws[0].group if int4 else 0, x.device)
+            best: tuple[float, Config] = (default_ms, default)
+            by_path: dict[str, float] = {default.path: default_ms}  # each path's best time, ms
             for cfg in candidates(kind, m, ws[0].group):
                 quant_matmul.set_config(kind, m, n, k, cfg)
                 try:
@@ -151,10 +156,9 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]], *, 
                 except Exception as exc:  # noqa: BLE001 (a config the compiler rejects is skipped)
                     log.append({"kind": kind, "m": m, "n": n, "k": k, "config": asdict(cfg), "error": repr(exc)[:200]})
                     continue
-                if best is None or ms < best[0]:
+                if ms < best[0]:
                     best = (ms, cfg)
                 by_path[cfg.path] = min(ms, by_path.get(cfg.path, ms))
-            assert best is not None
             quant_matmul.set_config(kind, m, n, k, best[1])
             gbs = ws[0].nbytes / best[0] / 1e6
             log.append(
