@@ -12,20 +12,25 @@
 # there, e.g. `git show HEAD~1:kernels/quant_matmul.py > .dev3/old/quant_matmul.py`), or, for a
 # change beyond kernels/, a whole tree to run from (it has a kernels/ folder: e.g.
 # `git archive HEAD~1 kernels bench selfhost | tar -x -C .dev3/base`). The variant `tree` is the
-# working tree as it is. The last copied variant's files stay in kernels/ at the end; the working
-# tree on the device is a copy.
+# working tree's kernels/ as it was when the script started, restored after any copied variant. The
+# last copied variant's files stay in kernels/ at the end; the working tree on the device is a copy.
 set -euo pipefail
 args=$1
 shift
 dir=${AB_DIR:-.dev3}
 bench=${AB_BENCH:-bench.engine_gpu --random-weights}
+tree=$(mktemp -d)
+cp -r kernels "$tree/"
 i=0
 for v in "$@"; do
   i=$((i + 1))
   run_in=.
   if [ -d "$dir/$v/kernels" ]; then
     run_in=$dir/$v
-  elif [ "$v" != tree ]; then
+  elif [ "$v" = tree ]; then
+    # a copied variant before this one left its files in kernels/
+    rm -rf kernels && cp -r "$tree/kernels" kernels
+  else
     cp "$dir/$v"/*.py kernels/
   fi
   echo "=== $i $v $(date +%T)"
