@@ -26,7 +26,6 @@ import torch
 from bench.gpu_decoder import KERNEL_KIND, LLAMA3_8B, SMOLLM2_135M, Decoder, DecodeState, QLinear, Shape, capture
 from kernels import quant_matmul
 from kernels._common import set_pdl
-from kernels._matmul_config import config_for
 from kernels.dense_gemv import MODEL_ROWS
 from kernels.quant_matmul import Config
 
@@ -145,8 +144,7 @@ def tune(decoder: Decoder, batches: list[int], log: list[dict[str, object]], *, 
                 continue
             # NOTE(h7): the default is in the race: it holds tiles tuned by the step's rate
             # (bench/tune_step.py) and options the candidates lack (int4's ``ahead``)
-            int4 = kind == "int4"
-            default = config_for(kind, m, n, k, k // 2 if int4 else k, ws[0].group if int4 else 0, x.device)
+            default = ws[0].default_config(m)
             best: tuple[float, Config] = (default_ms, default)
             by_path: dict[str, float] = {default.path: default_ms}  # each path's best time, ms
             for cfg in candidates(kind, m, ws[0].group):

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (the torch convention)
 
 from kernels import reference
+from kernels._matmul_config import Config, config_for
 from kernels._matmul_launch import finish_unfused
 from kernels.argmax import argmax
 from kernels.dense_gemv import MODEL_ROWS, dense_gemv
@@ -27,10 +28,10 @@ from kernels.rmsnorm import rms_norm_residual
 from kernels.rope_kv import RopeKV
 
 Mode = Literal["bf16", "cublas", "int8", "int4"]
+"""Weight format of the linears; ``cublas`` is bf16 through ``F.linear`` at every batch size."""
 
 KERNEL_KIND: dict[str, Literal["dense", "int8", "int4"]] = {"bf16": "dense", "int8": "int8", "int4": "int4"}
 """The launch-config kind (``kernels._matmul_config``) of each mode our GEMVs run (cuBLAS has none)."""
-"""Weight format of the linears; ``cublas`` is bf16 through ``F.linear`` at every batch size."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,17 @@ class Shape:
     vocab: int = 128256
     rope_theta: float = 500000.0
     eps: float = 1e-5
+
+    def linear_dims(self) -> list[tuple[str, int, int]]:
+        """Each linear's name and ``(N, K)``, as ``Decoder.layer_groups`` names them."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return [
+            ("qkv", q + 2 * kv, self.hidden),
+            ("o", self.hidden, q),
+            ("gate_up", 2 * self.inter, self.hidden),
+            ("down", self.hidden, self.inter),
+            ("lm_head", self.vocab, self.hidden),
+        ]
 
 
 LLAMA3_8B = Shape()
@@ -85,6 +97,22 @@ class QLinear:
     def nbytes(self) -> int:
         """Bytes one pass reads."""
         return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    @property
+    def k_iter(self) -> int:
+        """The K extent its kernel loops over: packed bytes per half for int4, else K."""
+        return self.k // 2 if self.mode == "int4" else self.k
+
+    @property
+    def scale_group(self) -> int:
+        """Columns per scale as the launch configs count them: the int4 group, else 0 (one scale a row)."""
+        return self.group if self.mode == "int4" else 0
+
+    def default_config(self, m: int) -> Config:
+        """The config its launcher picks for ``m`` rows (a pinned one, else the default)."""
+        return config_for(
+            KERNEL_KIND[self.mode], m, self.n, self.k, self.k_iter, self.scale_group, self.tensors[0].device
+        )
 
     def __call__(self, x: torch.Tensor, glu: bool = False, rope: RopeKV | None = None) -> torch.Tensor:
         """``(M, K) -> (M, N)``; with ``glu`` or ``rope``, that epilogue's output (``selfhost.models.linear``)."""
@@ -137,10 +165,6 @@ class Decoder:
     def linear_bytes(self) -> int:
         """Bytes of all linear weights (the LM head included): what one decode step must read."""
         return sum(w.nbytes for _, copies, _ in self.layer_groups() for w in copies)
-
-    def linears(self) -> list[QLinear]:
-        """Every distinct-shape linear layer once (for tuning)."""
-        return [copies[0] for _, copies, _ in self.layer_groups()]
 
     def layer_groups(self) -> list[tuple[str, list[QLinear], bool]]:
         """Each linear shape's name, all its copies (one a layer; the LM head's one), and whether the step asks it for SiLU-and-mul."""

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from bench.engine_gpu import copy_ceiling_gbs, graph_time_ms
+from bench.gpu_decoder import LLAMA3_8B
 
 
 @triton.jit
@@ -48,8 +49,8 @@ def _stream_kernel(w_ptr, out_ptr, N, K4, K_SPLIT4, BLOCK_N: tl.constexpr, BLOCK
     tl.store(out_ptr + ks * N + rn, tl.xor_sum(acc, axis=1))
 
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-"""The 8B linears' (output rows, K)."""
+SHAPES = {name: (n, k) for name, n, k in LLAMA3_8B.linear_dims() if name != "lm_head"}
+"""The 8B layers' linears: (output rows, K)."""
 
 TILES = {  # (rows, bytes a step, warps, K split): the GEMV defaults of 2026-11-27 and their neighbours
     "qkv": [(16, 1024, 4, 1), (8, 1024, 2, 1), (16, 512, 4, 2), (32, 512, 4, 1), (8, 512, 1, 1)],

@@ -45,13 +45,7 @@ def main() -> None:
     args = ap.parse_args()
     s = SHAPES[args.shape]
     small = s.hidden < 2048
-    linears = [
-        ("qkv", (s.heads + 2 * s.kv_heads) * s.head_dim, s.hidden, s.layers, False),
-        ("o", s.hidden, s.heads * s.head_dim, s.layers, False),
-        ("gate_up", 2 * s.inter, s.hidden, s.layers, True),
-        ("down", s.hidden, s.inter, s.layers, False),
-        ("lm_head", s.vocab, s.hidden, 1, False),
-    ]
+    linears = [(name, n, k, 1 if name == "lm_head" else s.layers, name == "gate_up") for name, n, k in s.linear_dims()]
     torch.manual_seed(0)
     out: dict[str, object] = {
         "device": torch.cuda.get_device_name(),

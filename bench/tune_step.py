@@ -25,7 +25,7 @@ import torch
 from bench.engine_gpu import SHAPES, _run_all, decode_rate, graph_time_ms
 from bench.gpu_decoder import KERNEL_KIND, Decoder, Shape
 from kernels import int4_gemv, quant_matmul
-from kernels._matmul_config import Config, config_for
+from kernels._matmul_config import Config
 
 
 def grid(kind: str, n: int, k_iter: int, group: int) -> list[Config]:
@@ -68,7 +68,6 @@ def main() -> None:
     a = ap.parse_args()
     s: Shape = SHAPES[a.shape]
     kind = KERNEL_KIND[a.mode]
-    group = a.group if kind == "int4" else 0
     dec = Decoder(s, a.mode, a.group)
 
     def rate(steps: int = a.steps) -> float:
@@ -79,12 +78,11 @@ def main() -> None:
     print(f"{a.shape} {a.mode}: start {rate():.1f} tok/s", flush=True)
     for name, layers, glu in dec.layer_groups():
         n, k = layers[0].n, layers[0].k
-        k_iter = k // 2 if kind == "int4" else k
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        default = config_for(kind, 1, n, k, k_iter, group, x.device)
+        default = layers[0].default_config(1)
         run = partial(_run_all, layers, x, glu)
         alone: list[tuple[float, Config]] = []
-        for cfg in grid(kind, n, k_iter, group):
+        for cfg in grid(kind, n, layers[0].k_iter, layers[0].scale_group):
             quant_matmul.set_config(kind, 1, n, k, cfg)
             graph_time_ms(run, 1)  # compiles
             alone.append((graph_time_ms(run, 3) / len(layers) * 1e3, cfg))
