@@ -22,8 +22,9 @@ from kernels._matmul_config import Config, config_for
 from kernels._matmul_launch import finish_unfused
 from kernels.argmax import argmax
 from kernels.dense_gemv import MODEL_ROWS, dense_gemv
+from kernels.int4_matmul import int4_matmul
 from kernels.paged_attention import paged_decode_attention
-from kernels.quant_matmul import int4_matmul, int8_matmul
+from kernels.quant_matmul import int8_matmul
 from kernels.rmsnorm import rms_norm_residual
 from kernels.rope_kv import RopeKV
 

@@ -3,7 +3,7 @@
 
 For each 8B linear shape at batch 1 a Triton kernel reads the packed weight (``K / 2`` bytes a row, as
 int32 words) over the GEMV's grid and tile (rows, bytes a step, warps, K split), XORs the words and
-stores one word a row: the loads of ``kernels.quant_matmul``'s int4 GEMV without its scales, x,
+stores one word a row: the loads of ``kernels.int4_matmul``'s GEMV without its scales, x,
 products or split-K finish. Timed as ``bench.engine_gpu``'s tuning times a GEMV (the 32 layers'
 distinct weights in one CUDA graph, so they stream from HBM), with the weights evicted first or
 normally, and with or without the next step's tile in flight. The gap between these times and the

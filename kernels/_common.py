@@ -223,7 +223,7 @@ if triton is not None:
     def pdl_enter_after_wait(PDL: tl.constexpr):  # type: ignore[no-untyped-def]
         """``pdl_enter`` with the wait first: the next kernel launches once this one has passed its wait.
 
-        NOTE(h7): the int4 matmul (``kernels.quant_matmul``). With the tiles tuned for this order,
+        NOTE(h7): the int4 matmul (``kernels.int4_matmul``). With the tiles tuned for this order,
         launching the quantized GEMVs' dependents first took SmolLM2's shape at batch 1 on the H100
         from 2,095 to 1,679-1,687 tok/s in int8 and from 1,928-1,933 to 1,623-1,630 in int4
         (alternated, 2026-11-26), the qkv projection most of it (int8 2,077-2,083 -> 1,853-1,859

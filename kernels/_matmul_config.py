@@ -3,7 +3,7 @@
 Owns ``Config``, the config table (``set_config``, ``config_for``) and the default config of each
 shape (``default_config``), with the measurements that chose them. Needs no device, so the sm_90
 build check can ask for the tiles launched. Does not launch anything (``kernels._matmul_launch``)
-nor own the kernels (``kernels.quant_matmul``, ``kernels.dense_gemv``).
+nor own the kernels (``kernels.quant_matmul``, ``kernels.int4_matmul``, ``kernels.dense_gemv``).
 """
 
 from __future__ import annotations

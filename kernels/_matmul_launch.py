@@ -3,10 +3,10 @@
 
 Owns the Triton helpers the matmul kernels share (a tile's weight rows; storing a tile, with
 split-K finished in the same launch and an epilogue applied: SiLU-and-mul for a ``[gate; up]``
-weight, rotary and the KV-cache write for a qkv one) and ``launch``. Does not own the launch
-configs (``kernels._matmul_config``), the kernels' inner loops, the weight formats
-(``kernels.quant_matmul``, ``kernels.dense_gemv``, ``kernels.reference``) nor the rotary semantics
-(``kernels.rope_kv``).
+weight, rotary and the KV-cache write for a qkv one), the argument checks the launchers share and
+``launch``. Does not own the launch configs (``kernels._matmul_config``), the kernels' inner
+loops, the weight formats (``kernels.quant_matmul``, ``kernels.int4_matmul``,
+``kernels.dense_gemv``, ``kernels.reference``) nor the rotary semantics (``kernels.rope_kv``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels._common import arrival_counters, dot_in_fp32, pdl_args, tl, triton
+from kernels._common import arrival_counters, check, check_dtype, dot_in_fp32, pdl_args, tl, triton
 from kernels.activation import silu_and_mul
 from kernels.rope_kv import RopeKV
 
@@ -151,6 +151,30 @@ def check_epilogue(n: int, glu: bool, rope: RopeKV | None) -> None:
         raise ValueError(f"glu needs an even number of weight rows ([gate; up]), got {n}")
     if glu and rope is not None:
         raise ValueError("a matmul takes glu or rope, not both")
+
+
+def check_x(x: torch.Tensor, k: int) -> None:
+    """``x`` is ``(M, k)`` in fp32, fp16 or bf16."""
+    check(x.dim() == 2 and x.shape[1] == k, f"x must be (M, {k}), got {tuple(x.shape)}")
+    check_dtype("x", x, torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_group(group_size: int) -> None:
+    """A group size the kernels can take: a power of two, at least 16."""
+    check(
+        group_size >= 16 and group_size & (group_size - 1) == 0,
+        f"group_size must be a power of two >= 16, got {group_size}",
+    )
+
+
+def check_step(group_size: int, cfg: Config) -> None:
+    """A GEMV step covers whole groups; a tiled step lies inside one."""
+    if cfg.path == "gemv":
+        check(
+            cfg.block_k % group_size == 0, f"GEMV block_k {cfg.block_k} must be a multiple of group_size {group_size}"
+        )
+    else:
+        check(group_size % cfg.block_k == 0, f"tiled block_k {cfg.block_k} must divide group_size {group_size}")
 
 
 def finish_unfused(y: torch.Tensor, glu: bool, rope: RopeKV | None) -> torch.Tensor:

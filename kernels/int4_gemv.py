@@ -1,11 +1,11 @@
 # mypy: disable-error-code="no-untyped-def,untyped-decorator"
-"""The int4 GEMV's inner loop: one K step of ``kernels.quant_matmul._int4_kernel``'s GEMV path, two ways.
+"""The int4 GEMV's inner loop: one K step of ``kernels.int4_matmul._int4_kernel``'s GEMV path, two ways.
 
 On fp32 FMAs (``_int4_gemv_step``: fp32 activations, the interpreter, short rows), and on half2
 FMAs (``_int4_h2_step``: compiled kernels, bf16 or fp16 activations, rows of ``HALF2_MIN_BYTES``
 and more, tiles ``takes_half2`` lets in). Both read the ``reference.quantize_int4`` layout and return
 the step's per-group sums. Owns those steps and the rule that picks one; does not own the kernel,
-its tiles (``kernels._matmul_config``) nor its launch (``kernels.quant_matmul``).
+its tiles (``kernels._matmul_config``) nor its launch (``kernels.int4_matmul``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,21 @@
 # mypy: disable-error-code="no-untyped-def,untyped-decorator"
-"""Weight-only quantized matmul ``y = x @ W.T``: int8 per output channel or per group, int4 per group.
+"""Weight-only int8 matmul ``y = x @ W.T``, one scale per output channel or per group: the kernel and its launcher.
 
-Two kernel shapes per format. The GEMV path (few rows, decode) streams the weight once with
-elementwise FMAs and a row reduction, the rows of ``x`` adjacent in the grid so that their programs
-share the weight tile through L2. The tiled path (many rows, prefill or large batches) dequantizes
-a tile to the activation dtype and feeds ``tl.dot``. Both can split K over programs when the grid
-would not fill the GPU (``kernels._matmul_launch`` finishes the split in the same launch). The GEMV
-path can take a ``[gate; up]`` weight and write ``silu(gate) * up`` (``glu``), or a ``[q; k; v]``
-weight and write rotary and the KV cache (``rope``), which saves the activation's or the rotary's
-own launch; the tiled path runs that kernel after instead. The int4 GEMV's inner loop, on fp32 or
-half2 FMAs, is ``kernels.int4_gemv``'s.
+Two kernel shapes. The GEMV path (few rows, decode) streams the weight once with elementwise FMAs
+and a row reduction, the rows of ``x`` adjacent in the grid so that their programs share the
+weight tile through L2. The tiled path (many rows, prefill or large batches) dequantizes a tile to
+the activation dtype and feeds ``tl.dot``. Both can split K over programs when the grid would not
+fill the GPU (``kernels._matmul_launch`` finishes the split in the same launch). The GEMV path can
+take a ``[gate; up]`` weight and write ``silu(gate) * up`` (``glu``), or a ``[q; k; v]`` weight and
+write rotary and the KV cache (``rope``), which saves the activation's or the rotary's own launch;
+the tiled path runs that kernel after instead. The int4 formats' kernel is shaped the same way
+(``kernels.int4_matmul``).
 
-Owns the kernels and the launchers. Per-group int8 and int4 with group 32 are what GGUF Q8_0 and
-Q4_1 blocks repack into (``kernels.gguf_blocks``). The weight layouts and the semantics are in
-``kernels.reference`` (``quantize_int8``, ``quantize_int4``, ``int8_matmul``, ``int4_matmul``);
-launchers fall back to those where no kernel can run. Launch configs live in
-``kernels._matmul_config`` (re-exported here). Does not own which layers are quantized
-(``selfhost.models``).
+Owns the int8 kernel and ``int8_matmul``. Per-group int8 with group 32 is what GGUF Q8_0 blocks
+repack into (``kernels.gguf_blocks``). The weight layout and the semantics are in
+``kernels.reference`` (``quantize_int8``, ``int8_matmul``); the launcher falls back to those where
+no kernel can run. Launch configs live in ``kernels._matmul_config`` (re-exported here). Does not
+own which layers are quantized (``selfhost.models``).
 """
 
 from __future__ import annotations
@@ -25,28 +24,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels import int4_gemv, reference
+from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, tl, triton
 from kernels._matmul_config import GEMV_MAX_ROWS, Config, Kind, config_for, set_config
-from kernels._matmul_launch import check_epilogue, finish_unfused, launch
+from kernels._matmul_launch import check_epilogue, check_group, check_step, check_x, finish_unfused, launch
 
 if TYPE_CHECKING:
     from kernels.rope_kv import RopeKV
 
-__all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int4_matmul", "int8_matmul", "set_config"]
+__all__ = ["GEMV_MAX_ROWS", "Config", "Kind", "int8_matmul", "set_config"]
 
 if triton is not None:
-    from kernels._common import WEIGHT_EVICTION, pdl_enter, pdl_enter_after_wait
+    from kernels._common import WEIGHT_EVICTION, pdl_enter
     from kernels._matmul_launch import _program_tile, _store_tile
-    from kernels.int4_gemv import (
-        _group_scales,
-        _h2_fold,
-        _h2_sums,
-        _int4_gemv_step,
-        _int4_h2_step,
-        _word_tile,
-        _x_quads,
-    )
     from kernels.rope_kv import _rope_rows
 
     @triton.jit
@@ -207,178 +197,6 @@ if triton is not None:
             pos, slot, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
         )  # fmt: skip
 
-    @triton.jit
-    def _int4_kernel(
-        x_ptr,  # (M, K) activations
-        w_ptr,  # (N, K/2) uint8: column j low nibble, column j + K/2 high nibble
-        s_ptr,  # (N, K/G) scales
-        z_ptr,  # (N, K/G) zeros: w = (q - 8) * scale + zero
-        out_ptr,  # (M, N) output; (M, N / 2) with GLU, (M, QN) with ROPE
-        part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
-        cnt_ptr,  # per-tile arrival counters, zero between launches
-        M,  # rows of x
-        N,  # output columns
-        K2,  # K / 2: packed bytes per row
-        K_SPLIT,  # bytes per split (a multiple of BLOCK_K)
-        NSPLIT,  # programs along K per tile
-        sx_m,  # row stride of x
-        sw_n,  # row stride of w
-        ss_n,  # row stride of scales and zeros
-        so_m,  # row stride of out
-        pos_ptr,  # rotary epilogue (kernels._matmul_launch; unused without ROPE): (M,) positions
-        slot_ptr,  # (M,) cache slots, negative: no write
-        cos_ptr,  # (P, >= ROPE) fp32 tables
-        sin_ptr,
-        kc_ptr,  # (num_blocks, block_size, nkv, hd) caches
-        vc_ptr,
-        s_cos,  # row stride of the tables
-        QN,  # query columns of [q; k; v]
-        KVN,  # key columns (= value columns)
-        G: tl.constexpr,  # group size (columns per scale)
-        GEMV: tl.constexpr,  # FMA path (one row of x per program) instead of tl.dot
-        GLU: tl.constexpr,  # w is [gate; up]: write silu(x @ gate.T) * (x @ up.T) (_tile_rows)
-        ROPE: tl.constexpr,  # half the head dim: w is [q; k; v], write rotary q and the caches; 0: no rotary
-        BLOCK_M: tl.constexpr,  # rows per program on the tiled path
-        BLOCK_N: tl.constexpr,  # output columns per program
-        BLOCK_K: tl.constexpr,  # bytes per loop step: GEMV a multiple of G, tiled a divisor of G
-        DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32
-        EXACT: tl.constexpr = False,  # GEMV: fp32 activations, keep every bit of sum(q x)
-        ASM: tl.constexpr = False,  # GEMV: unpack the nibbles with inline PTX (compiled kernels only)
-        H2: tl.constexpr = False,  # GEMV: products on half2 FMAs (_h2_dot; compiled kernels only, not EXACT)
-        PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
-        AHEAD: tl.constexpr = False,  # half2 GEMV: scales and x a step ahead (Config.ahead)
-        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
-    ):
-        rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
-        pos, slot = _rope_rows(pos_ptr, slot_ptr, rm, mmask, ROPE)  # before the PDL wait
-        ks = tl.program_id(2)
-        HI_GROUPS = K2 // G  # group index offset of the high half
-        if GEMV:
-            NG: tl.constexpr = BLOCK_K // G  # groups per step and half
-            x_row = x_ptr + rm * sx_m
-            k_lo = ks * K_SPLIT
-            k_end = k_lo + K_SPLIT
-            acc2 = tl.zeros((BLOCK_N, NG), tl.float32)
-            if H2:
-                # NOTE(h7): PREFETCH here keeps one tile in flight: the first loads before the PDL wait,
-                # and each step loads the next before its products (one more tile of registers, no
-                # peeled step). On the H100's 8B shapes, each with its best tile: qkv 9.7 -> 8.8 us,
-                # o 7.7 -> 6.8, down 17.4 -> 16.6; gate_up 25.3 -> 26.1 and the LM head 102.3 -> 104.8
-                # NOTE(h7): AHEAD does for the step's scales and x what PREFETCH does for its weights:
-                # each was a round trip inside its step (scales from DRAM, x from L2). On the H100's
-                # 8B qkv at its tile, alone, 8.5 -> 6.8 us (254 registers a thread against 127);
-                # the step's gain is in kernels._matmul_config's int4 NOTE
-                w32 = w_ptr.to(tl.pointer_type(tl.int32)) + rn[:, None] * (sw_n // 4)
-                BLOCK_W: tl.constexpr = BLOCK_K // 4
-                # weights and scales are no kernel's output: the first step's load before the wait
-                if PREFETCH:
-                    wq = _word_tile(w32, k_lo, k_end, K2, nmask, BLOCK_K)
-                if AHEAD:
-                    s0, z0, s1, z1 = _group_scales(s_ptr, z_ptr, rn, ss_n, k_lo, nmask, K2, NG, G)
-                pdl_enter_after_wait(PDL)
-                if AHEAD:
-                    a0, a1, a2, a3 = _x_quads(x_row, k_lo, k_end, K2, BLOCK_W)
-                    b0, b1, b2, b3 = _x_quads(x_row + K2, k_lo, k_end, K2, BLOCK_W)
-                for k0 in range(k_lo, k_end, BLOCK_K):
-                    if PREFETCH:
-                        cw = wq
-                        wq = _word_tile(w32, k0 + BLOCK_K, k_end, K2, nmask, BLOCK_K)
-                    else:
-                        cw = _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K)
-                    if AHEAD:  # this step's scales and x were loaded a step ago; load the next step's
-                        cs0, cz0, cs1, cz1 = s0, z0, s1, z1
-                        ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3 = a0, a1, a2, a3, b0, b1, b2, b3
-                        nxt = k0 + BLOCK_K
-                        s0, z0, s1, z1 = _group_scales(s_ptr, z_ptr, rn, ss_n, nxt, nmask & (nxt < k_end), K2, NG, G)
-                        a0, a1, a2, a3 = _x_quads(x_row, nxt, k_end, K2, BLOCK_W)
-                        b0, b1, b2, b3 = _x_quads(x_row + K2, nxt, k_end, K2, BLOCK_W)
-                        t_lo, t_hi, xs_lo, xs_hi = _h2_sums(cw, ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3, G)
-                        acc2 = _h2_fold(acc2, t_lo, t_hi, xs_lo, xs_hi, cs0, cz0, cs1, cz1)
-                    else:
-                        acc2 = _int4_h2_step(acc2, cw, k0, k_end, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G)
-            else:
-                # NOTE(h7): PREFETCH peels the first step, which doubled this loop's registers (16 x 512
-                # bytes, 2 warps: 127 -> 254 a thread, 168 -> 255 with SiLU-and-mul on the loads; ptxas):
-                # on the H100's 8B shapes qkv 10.2 -> 9.2 us and
-                # o 7.5 -> 7.1, but gate_up 27.0 -> 30.0, down 19.7 -> 20.6, LM head 104.8 -> 120.2
-                w_ptrs = w_ptr + rn[:, None] * sw_n
-                if PREFETCH:  # see _dense_gemv_kernel
-                    rk = k_lo + tl.arange(0, BLOCK_K)
-                    b = tl.load(
-                        w_ptrs + rk[None, :],
-                        mask=nmask[:, None] & (rk < K2)[None, :],
-                        other=0,
-                        eviction_policy=WEIGHT_EVICTION,
-                    )
-                pdl_enter_after_wait(PDL)
-                if PREFETCH:
-                    acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
-                for k0 in range(k_lo + BLOCK_K * PREFETCH, k_end, BLOCK_K):
-                    rk = k0 + tl.arange(0, BLOCK_K)
-                    b = tl.load(
-                        w_ptrs + rk[None, :],
-                        mask=nmask[:, None] & (rk < K2)[None, :],
-                        other=0,
-                        eviction_policy=WEIGHT_EVICTION,
-                    )
-                    acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
-            acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
-        else:
-            pdl_enter_after_wait(PDL)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
-                rk = k0 + tl.arange(0, BLOCK_K)
-                kmask = rk < K2
-                b = tl.load(w_ptr + rn[:, None] * sw_n + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
-                b = b.to(tl.int32)
-                g_off = rn * ss_n + k0 // G  # one group per step and half: BLOCK_K divides G
-                # NOTE(h7): a last split's steps past K read no scale: one out of bounds may hold a
-                # NaN, and NaN * (x = 0) poisons the whole row (seen on the H100 with GGUF weights)
-                gmask = nmask & (k0 < K2)
-                s_lo = tl.load(s_ptr + g_off, mask=gmask, other=0.0).to(tl.float32)[:, None]
-                z_lo = tl.load(z_ptr + g_off, mask=gmask, other=0.0).to(tl.float32)[:, None]
-                s_hi = tl.load(s_ptr + g_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)[:, None]
-                z_hi = tl.load(z_ptr + g_off + HI_GROUPS, mask=gmask, other=0.0).to(tl.float32)[:, None]
-                xmask = mmask[:, None] & kmask[None, :]
-                x_lo = tl.load(x_ptr + rm[:, None] * sx_m + rk[None, :], mask=xmask, other=0.0)
-                x_hi = tl.load(x_ptr + rm[:, None] * sx_m + K2 + rk[None, :], mask=xmask, other=0.0)
-                # the nibble in mantissa bits 19-22 of 1.0: f = 1 + q / 16, so w = 16 s f + z - 24 s (no I2F)
-                f_lo = (((b << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-                f_hi = (((b << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-                w_lo = f_lo * (16.0 * s_lo) + (z_lo - 24.0 * s_lo)  # (BLOCK_N, BLOCK_K)
-                w_hi = f_hi * (16.0 * s_hi) + (z_hi - 24.0 * s_hi)
-                if DOT_F32:
-                    acc += tl.dot(x_lo.to(tl.float32), tl.trans(w_lo), input_precision="ieee")  # not tf32
-                    acc += tl.dot(x_hi.to(tl.float32), tl.trans(w_hi), input_precision="ieee")
-                else:
-                    acc += tl.dot(x_lo, tl.trans(w_lo.to(x_lo.dtype)))
-                    acc += tl.dot(x_hi, tl.trans(w_hi.to(x_hi.dtype)))
-        _store_tile(
-            acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU,
-            pos, slot, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
-        )  # fmt: skip
-
-
-def _check_x(x: torch.Tensor, k: int) -> None:
-    check(x.dim() == 2 and x.shape[1] == k, f"x must be (M, {k}), got {tuple(x.shape)}")
-    check_dtype("x", x, torch.float32, torch.float16, torch.bfloat16)
-
-
-def _check_group(group_size: int) -> None:
-    check(
-        group_size >= 16 and group_size & (group_size - 1) == 0,
-        f"group_size must be a power of two >= 16, got {group_size}",
-    )
-
-
-def _check_step(group_size: int, cfg: Config) -> None:
-    if cfg.path == "gemv":
-        check(
-            cfg.block_k % group_size == 0, f"GEMV block_k {cfg.block_k} must be a multiple of group_size {group_size}"
-        )
-    else:
-        check(group_size % cfg.block_k == 0, f"tiled block_k {cfg.block_k} must divide group_size {group_size}")
-
 
 def int8_matmul(
     x: torch.Tensor,
@@ -402,10 +220,10 @@ def int8_matmul(
     """
     check(qweight.dim() == 2, f"qweight must be (N, K), got {tuple(qweight.shape)}")
     n, k = qweight.shape
-    _check_x(x, k)
+    check_x(x, k)
     check_dtype("qweight", qweight, torch.int8)
     if group_size:
-        _check_group(group_size)
+        check_group(group_size)
     want = (n,) if group_size == 0 else (n, k // group_size)
     check(group_size == 0 or k % group_size == 0, f"K ({k}) must be a multiple of group_size ({group_size})")
     check(scales.shape == want, f"scales must be {want}, got {tuple(scales.shape)}")
@@ -418,60 +236,7 @@ def int8_matmul(
     kind: Kind = "int8g" if group_size else "int8"
     cfg = config or config_for(kind, x.shape[0], n, k, k, group_size, x.device)
     if group_size:
-        _check_step(group_size, cfg)
+        check_step(group_size, cfg)
     strides = (x.stride(0), qweight.stride(0), scales.stride(0) if group_size else 0)
     asm = x.is_cuda and not interpreting()
     return launch(_int8_kernel, x, n, k, cfg, (qweight, scales), strides, glu, rope, G=group_size, ASM=asm)
-
-
-def int4_matmul(
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor,
-    group_size: int,
-    config: Config | None = None,
-    *,
-    glu: bool = False,
-    rope: RopeKV | None = None,
-) -> torch.Tensor:
-    """``(M, K) @ W.T -> (M, N)`` with a group-wise int4 weight in the ``reference.quantize_int4`` layout.
-
-    Scales and zeros may be any float dtype (bf16 from ``quantize_int4``; fp16 scales and fp32
-    zeros from GGUF Q4_1 blocks). With ``glu``, W is ``[gate; up]`` and the result
-    ``silu_and_mul(x @ W.T)``, ``(M, N/2)``; with ``rope``, W is ``[q; k; v]`` and the result the
-    rotated queries (``RopeKV``).
-
-    Raises:
-        ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
-    """
-    check(packed.dim() == 2, f"packed must be (N, K/2), got {tuple(packed.shape)}")
-    n, k2 = packed.shape
-    k = 2 * k2
-    _check_x(x, k)
-    check_dtype("packed", packed, torch.uint8)
-    _check_group(group_size)
-    check(k2 % group_size == 0, f"K ({k}) must be a multiple of 2 * group_size ({2 * group_size})")
-    check(
-        scales.shape == (n, k // group_size) and zeros.shape == scales.shape,
-        f"scales and zeros must be ({n}, {k // group_size})",
-    )
-    check_epilogue(n, glu, rope)
-    if not can_launch(x, packed, scales, zeros):
-        return finish_unfused(reference.int4_matmul(x, packed, scales, zeros, group_size), glu, rope)
-    check_last_contiguous("x", x)
-    check(
-        packed.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous(),
-        "packed, scales, zeros must be contiguous",
-    )
-    cfg = config or config_for("int4", x.shape[0], n, k, k2, group_size, x.device)
-    _check_step(group_size, cfg)
-    strides = (x.stride(0), packed.stride(0), scales.stride(0))
-    exact = x.dtype == torch.float32
-    asm = x.is_cuda and not interpreting()
-    h2 = asm and not exact and int4_gemv.takes_half2(cfg, k2, packed.data_ptr())
-    tensors = (packed, scales, zeros)
-    ahead = h2 and cfg.ahead
-    return launch(
-        _int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope, G=group_size, EXACT=exact, ASM=asm, H2=h2, AHEAD=ahead
-    )

@@ -1,7 +1,7 @@
 """Weight-only quantized linear layers on the Triton kernels (the GPU path): int8 per channel, int4 per group.
 
 Owns the quantize-on-load of one float weight into the layouts of ``kernels.reference``
-(``quantize_int8``, ``quantize_int4``) and the matmul over them (``kernels.quant_matmul``); GGUF
+(``quantize_int8``, ``quantize_int4``) and the matmuls over them (``kernels.quant_matmul``, ``kernels.int4_matmul``); GGUF
 blocks loaded as they are (``models.gguf_native``) use the same weight classes. Does
 not own the CPU formats (``models.quant``), which layers are quantized (``models.llama``) nor the
 kernels themselves (``kernels/``).
@@ -81,9 +81,10 @@ def linear(x: torch.Tensor, qw: KernelWeight, *, glu: bool = False, rope: RopeKV
     """``(M, K) @ W.T -> (M, N)`` in x's dtype, through the kernel (or its reference off CUDA without the interpreter).
 
     ``glu``: W is ``[gate; up]`` and the result ``silu_and_mul(x @ W.T)``, ``(M, N / 2)``; ``rope``:
-    W is ``[q; k; v]`` and the result the rotated queries (``kernels.quant_matmul``).
+    W is ``[q; k; v]`` and the result the rotated queries (``kernels.rope_kv.RopeKV``).
     """
-    from kernels.quant_matmul import int4_matmul, int8_matmul
+    from kernels.int4_matmul import int4_matmul
+    from kernels.quant_matmul import int8_matmul
 
     if isinstance(qw, KernelInt8Weight):
         return int8_matmul(x, qw.qweight, qw.scales, group_size=qw.group_size, glu=glu, rope=rope)

@@ -6,7 +6,7 @@ each kernel to a cubin, with the constexpr variants its launcher uses, through T
 compiler and bundled ptxas; no driver is needed. Pointers and integer arguments are marked
 16-divisible, as Triton's launcher specializes them for the models' shapes, so the vectorized
 loads are what gets built. Each case also reports its registers a thread (``ptxas -v``): a GEMV
-that doubled them halved its occupancy once (``kernels.quant_matmul``'s int4 note). Must run
+that doubled them halved its occupancy once (``kernels.int4_matmul``'s note). Must run
 without ``TRITON_INTERPRET`` (the decorator reads it at import). Prints one line per case and
 exits 1 if any failed or spilled registers.
 """
@@ -104,6 +104,7 @@ def cases() -> list[Case]:
         argmax,
         dense_gemv,
         int4_gemv,
+        int4_matmul,
         paged_attention,
         paged_prefill,
         quant_matmul,
@@ -123,7 +124,7 @@ def cases() -> list[Case]:
         rn, rk, half = (960, 576, 32) if small else (qkv_n, gu_k, 64)
         for fn, kind, w in (
             (quant_matmul._int8_kernel, "int8", "*i8"),
-            (quant_matmul._int4_kernel, "int4", "*u8"),
+            (int4_matmul._int4_kernel, "int4", "*u8"),
             (dense_gemv._dense_gemv_kernel, "dense", "*bf16"),
         ):
             tile, warps, prefetch = _default(
@@ -165,22 +166,22 @@ def cases() -> list[Case]:
         c = {**gemv, **tile, "G": 128, "GLU": False, "EXACT": exact, "H2": not exact}
         c.update(PREFETCH=prefetch, AHEAD=ahead)
         name = f"int4 gemv exact={exact} prefetch={prefetch} ahead={ahead}"
-        out.append(Case(name, quant_matmul._int4_kernel, c, w4, warps))
+        out.append(Case(name, int4_matmul._int4_kernel, c, w4, warps))
     tile, warps, prefetch = _default("int4", 1, gu_n, gu_k // 2, 128)
     c = {**gemv, **tile, "G": 128, "GLU": True, "EXACT": False, "H2": True, "PREFETCH": prefetch}
-    out.append(Case("int4 gemv glu", quant_matmul._int4_kernel, c, w4, warps))
+    out.append(Case("int4 gemv glu", int4_matmul._int4_kernel, c, w4, warps))
     for bn, bk, warps in ((16, 128, 4), (4, 512, 4), (2, 1024, 2)):  # the smallest tiles takes_half2 lets in
         c = {**gemv, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "G": 32, "GLU": False, "EXACT": False, "H2": True}
         for ahead in (False, True):
             name = f"int4 gemv half2 {bn}x{bk} ahead={ahead}"
-            out.append(Case(name, quant_matmul._int4_kernel, {**c, "PREFETCH": True, "AHEAD": ahead}, w4, warps))
+            out.append(Case(name, int4_matmul._int4_kernel, {**c, "PREFETCH": True, "AHEAD": ahead}, w4, warps))
     for small_n, small_k in ((576, 1536), (49152, 576)):  # SmolLM2's down and LM head, GGUF's group of 32
         tile, warps, prefetch = _default("int4", 1, small_n, small_k // 2, 32)
         c = {**gemv, **tile, "G": 32, "GLU": False, "EXACT": False, "H2": False, "PREFETCH": prefetch}
-        out.append(Case(f"int4 gemv {small_n}x{small_k}", quant_matmul._int4_kernel, c, w4, warps))
+        out.append(Case(f"int4 gemv {small_n}x{small_k}", int4_matmul._int4_kernel, c, w4, warps))
     tile, warps, _ = _default("int4", 64, n, k // 2, 128)
     c = {**tiled, **tile, "G": 128, "GLU": False, "EXACT": False}
-    out.append(Case("int4 tiled", quant_matmul._int4_kernel, c, w4, warps))
+    out.append(Case("int4 tiled", int4_matmul._int4_kernel, c, w4, warps))
     for rows, cols, glu in ((n, k, False), (gu_n, gu_k, True)):
         tile, warps, prefetch = _default("dense", 1, rows, cols, 0)
         c = {**gemv, **tile, "GLU": glu, "PREFETCH": prefetch}

@@ -15,7 +15,8 @@ from gguf import quants
 
 from kernels import gguf_blocks, reference
 from kernels.activation import silu_and_mul
-from kernels.quant_matmul import Config, int4_matmul, int8_matmul
+from kernels.int4_matmul import int4_matmul
+from kernels.quant_matmul import Config, int8_matmul
 from tests.kernels.conftest import ON_GPU
 
 Q4_1 = gguf.GGMLQuantizationType.Q4_1

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.quant_matmul import Config, int4_matmul, int8_matmul
+from kernels.int4_matmul import int4_matmul
+from kernels.quant_matmul import Config, int8_matmul
 from selfhost.models import quant
 from tests.kernels.conftest import ON_GPU
 

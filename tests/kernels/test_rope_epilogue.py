@@ -9,7 +9,8 @@ import torch
 
 from kernels import reference
 from kernels.dense_gemv import dense_gemv
-from kernels.quant_matmul import Config, int4_matmul, int8_matmul
+from kernels.int4_matmul import int4_matmul
+from kernels.quant_matmul import Config, int8_matmul
 from kernels.rope_kv import RopeKV
 from tests.kernels.conftest import ON_GPU
 
