@@ -19,7 +19,7 @@ import statistics
 import time
 from dataclasses import asdict, replace
 from functools import partial
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
 
@@ -209,10 +209,35 @@ def decode_rate(decoder: Decoder, shape: Shape, batch: int, context: int, steps:
     return rate, ids, statistics.median(launches)
 
 
-def step_profile(decoder: Decoder, shape: Shape, context: int, replays: int = 4) -> list[dict[str, object]]:
-    """Device time of one batch-1 decode step by kernel name (torch.profiler over graph replays), largest first.
+class Share(NamedTuple):
+    """One kernel launch of a step: its share of the critical path and its duration, in us."""
 
-    Their sum against the step's time from ``decode_rate`` gives the gaps between kernels.
+    kernel: str
+    share_us: float
+    dur_us: float
+
+
+def critical_path(events: list[tuple[str, float, float]]) -> list[Share]:
+    """Each kernel's share of a step's critical path: how much later the step's last end is once it ends.
+
+    ``events``: ``(name, start, end)`` of one step's kernels in launch order. Under programmatic
+    dependent launch a kernel starts while the one before it runs and waits for it, so durations
+    overlap and their sum overstates the step; the shares sum to its span.
+    """
+    out: list[Share] = []
+    last = events[0][1] if events else 0.0
+    for name, start, end in events:
+        out.append(Share(name, max(0.0, end - last), end - start))
+        last = max(last, end)
+    return out
+
+
+def step_profile(decoder: Decoder, shape: Shape, context: int, replays: int = 4) -> dict[str, object]:
+    """One batch-1 decode step's kernels (torch.profiler over graph replays): per name, and one layer in order.
+
+    ``by_kernel``: launches, summed durations and critical-path shares (``critical_path``) a step,
+    largest share first. ``layer``: the kernels of the middle layer in launch order with their shares
+    (the GEMVs of a format share one name, so this tells them apart). ``span_us``: the step's span.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -224,13 +249,33 @@ def step_profile(decoder: Decoder, shape: Shape, context: int, replays: int = 4)
         for _ in range(replays):
             graph.replay()
         torch.cuda.synchronize()
-    rows = []
-    for ev in prof.key_averages():
-        us = float(getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0))
-        if us > 0:
-            rows.append({"kernel": ev.key[:80], "us_per_step": us / replays, "launches_per_step": ev.count / replays})
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    kernels.sort(key=lambda e: e.time_range.start)
+    per = len(kernels) // replays
+    step = [(e.name[:80], float(e.time_range.start), float(e.time_range.end)) for e in kernels[per : 2 * per]]
+    shares = critical_path(step)
+    by: dict[str, dict[str, float]] = {}
+    for r in shares:
+        agg = by.setdefault(r.kernel, {"launches": 0.0, "dur_us": 0.0, "share_us": 0.0})
+        agg["launches"] += 1
+        agg["dur_us"] += r.dur_us
+        agg["share_us"] += r.share_us
+    # a layer runs from one input norm (the first of its two norms) to the next
+    norms = [i for i, (name, _, _) in enumerate(step) if "rms_norm" in name]
+    mid = len(norms) // 2 // 2 * 2
+    layer = shares[norms[mid] : norms[mid + 2]] if len(norms) > mid + 2 else []
     del graph, st
-    return sorted(rows, key=lambda r: -float(str(r["us_per_step"])))
+    ranked = sorted(by.items(), key=lambda kv: -kv[1]["share_us"])
+    span = step[-1][2] - step[0][1] if step else 0.0
+    print(f"  batch-1 step, span {span:.0f} us; critical-path shares:")
+    for name, v in ranked[:8]:
+        print(f"    {name[:40]:40s} x{v['launches']:.0f}: {v['share_us']:.1f} us", flush=True)
+    print("  one layer:", " ".join(f"{r.kernel[:14]} {r.share_us:.1f}" for r in layer), flush=True)
+    return {
+        "span_us": span,
+        "by_kernel": [{"kernel": k, **v} for k, v in ranked],
+        "layer": [r._asdict() for r in layer],
+    }
 
 
 def hf_rates(shape: Shape, context: int, steps: int, which: list[str]) -> dict[str, float]:
@@ -323,7 +368,7 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     tuning: list[dict[str, object]] = []
     ids: dict[str, list[int]] = {}
-    profiles: dict[str, list[dict[str, object]]] = {}
+    profiles: dict[str, dict[str, object]] = {}
     for mode in [m for m in a.modes.split(",") if m in ("bf16", "cublas", "int8", "int4")]:
         t0 = time.perf_counter()
         dec = Decoder(shape, mode, a.group)
@@ -348,14 +393,9 @@ def main() -> None:
             )
         if a.profile:
             try:
-                prof = step_profile(dec, shape, a.context)
+                profiles[mode] = step_profile(dec, shape, a.context)
             except Exception as exc:  # noqa: BLE001 (the profiler is a diagnostic: never lose the run to it)
-                prof = [{"error": repr(exc)[:300]}]
-            profiles[mode] = prof
-            total = sum(float(str(r.get("us_per_step", 0.0))) for r in prof)
-            print(f"  {mode} batch-1 step, kernels sum {total:.0f} us:", flush=True)
-            for r in prof[:12]:
-                print(f"    {r}", flush=True)
+                profiles[mode] = {"error": repr(exc)[:300]}
         del dec
         gc.collect()
         torch.cuda.empty_cache()
