@@ -19,7 +19,7 @@ import statistics
 import time
 from dataclasses import asdict, replace
 from functools import partial
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 
@@ -260,22 +260,25 @@ def step_profile(decoder: Decoder, shape: Shape, context: int, replays: int = 4)
         agg["launches"] += 1
         agg["dur_us"] += r.dur_us
         agg["share_us"] += r.share_us
-    # a layer runs from one input norm (the first of its two norms) to the next
+    # a layer runs from its input norm (the first of its two) to the next layer's
     norms = [i for i, (name, _, _) in enumerate(step) if "rms_norm" in name]
-    mid = len(norms) // 2 // 2 * 2
-    layer = shares[norms[mid] : norms[mid + 2]] if len(norms) > mid + 2 else []
+    middle = len(norms) // 4  # the middle layer (the final norm is the odd one out)
+    layer = shares[norms[2 * middle] : norms[2 * middle + 2]] if len(norms) > 2 * middle + 2 else []
     del graph, st
     ranked = sorted(by.items(), key=lambda kv: -kv[1]["share_us"])
-    span = step[-1][2] - step[0][1] if step else 0.0
-    print(f"  batch-1 step, span {span:.0f} us; critical-path shares:")
-    for name, v in ranked[:8]:
-        print(f"    {name[:40]:40s} x{v['launches']:.0f}: {v['share_us']:.1f} us", flush=True)
-    print("  one layer:", " ".join(f"{r.kernel[:14]} {r.share_us:.1f}" for r in layer), flush=True)
     return {
-        "span_us": span,
+        "span_us": step[-1][2] - step[0][1] if step else 0.0,
         "by_kernel": [{"kernel": k, **v} for k, v in ranked],
         "layer": [r._asdict() for r in layer],
     }
+
+
+def print_profile(mode: str, prof: dict[str, Any]) -> None:
+    """``step_profile``'s result in a few lines: the largest shares by kernel name, then the middle layer in order."""
+    print(f"  {mode} batch-1 step, span {prof['span_us']:.0f} us; critical-path shares:")
+    for r in prof["by_kernel"][:8]:
+        print(f"    {r['kernel'][:40]:40s} x{r['launches']:.0f}: {r['share_us']:.1f} us")
+    print("  one layer:", " ".join(f"{r['kernel'][:14]} {r['share_us']:.1f}" for r in prof["layer"]), flush=True)
 
 
 def hf_rates(shape: Shape, context: int, steps: int, which: list[str]) -> dict[str, float]:
@@ -394,6 +397,7 @@ def main() -> None:
         if a.profile:
             try:
                 profiles[mode] = step_profile(dec, shape, a.context)
+                print_profile(mode, profiles[mode])
             except Exception as exc:  # noqa: BLE001 (the profiler is a diagnostic: never lose the run to it)
                 profiles[mode] = {"error": repr(exc)[:300]}
         del dec

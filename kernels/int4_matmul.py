@@ -7,7 +7,8 @@ that dequantizes a tile into ``tl.dot``. Both split K when the grid would not fi
 take the same epilogues (``glu``, ``rope``; ``kernels._matmul_launch``). Group 32 is what GGUF
 Q4_1 blocks repack into (``kernels.gguf_blocks``). The layout and the semantics are
 ``kernels.reference``'s (``quantize_int4``, ``int4_matmul``); the launcher falls back to those
-where no kernel can run. Launch configs live in ``kernels._matmul_config``.
+where no kernel can run. Launch configs live in ``kernels._matmul_config``. Does not own which
+layers are quantized (``selfhost.models``).
 """
 
 from __future__ import annotations

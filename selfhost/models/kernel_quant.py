@@ -1,10 +1,10 @@
 """Weight-only quantized linear layers on the Triton kernels (the GPU path): int8 per channel, int4 per group.
 
 Owns the quantize-on-load of one float weight into the layouts of ``kernels.reference``
-(``quantize_int8``, ``quantize_int4``) and the matmuls over them (``kernels.quant_matmul``, ``kernels.int4_matmul``); GGUF
-blocks loaded as they are (``models.gguf_native``) use the same weight classes. Does
-not own the CPU formats (``models.quant``), which layers are quantized (``models.llama``) nor the
-kernels themselves (``kernels/``).
+(``quantize_int8``, ``quantize_int4``) and the matmuls over them (``kernels.quant_matmul``,
+``kernels.int4_matmul``); GGUF blocks loaded as they are (``models.gguf_native``) use the same
+weight classes. Does not own the CPU formats (``models.quant``), which layers are quantized
+(``models.llama``) nor the kernels themselves (``kernels/``).
 """
 
 from __future__ import annotations
