@@ -15,6 +15,7 @@ Last, the defaults against the tiles kept, alternated twice. Prints each trial; 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from dataclasses import asdict
@@ -32,8 +33,9 @@ def grid(kind: str, n: int, k_iter: int, group: int) -> list[Config]:
     """GEMV tiles tried (a tile in flight): wide weights get fewer, unsplit ones (their grid fills the GPU).
 
     int4 rows long enough for the half2 loop keep to the tiles it takes (the others would run the fp32
-    loop), each with and without its scales and x a step ahead (``Config.ahead``), and for the wide
-    weights each also without the tile in flight.
+    loop), each with and without its scales and x a step ahead (``Config.ahead``), with 1, 2 and 4
+    runs of a group a thread (``Config.runs``), and for the wide weights each also without the tile
+    in flight.
     """
     wide = n > 8192
     half2 = kind == "int4" and k_iter >= int4_gemv.HALF2_MIN_BYTES
@@ -41,13 +43,15 @@ def grid(kind: str, n: int, k_iter: int, group: int) -> list[Config]:
     loads = [(True, False), (True, True)] if half2 else [(True, False)]
     if half2 and wide:
         loads += [(False, False), (False, True)]
+    # the half2 loop's runs of a group a thread (Config.runs): each a whole number of 4-word vectors
+    runs_tried = [r for r in (1, 2, 4) if group % (16 * r) == 0] if half2 else [1]
     out = []
     for bn in (8, 16) if wide else (8, 16, 32):
         for bk in (512, 1024, 2048):
             for warps in (2, 4):
                 for split in (1,) if wide else (1, 2, 4, 8):
-                    for prefetch, ahead in loads:
-                        cfg = Config("gemv", bn, bk, split, num_warps=warps, prefetch=prefetch, ahead=ahead)
+                    for (prefetch, ahead), runs in itertools.product(loads, runs_tried):
+                        cfg = Config("gemv", bn, bk, split, num_warps=warps, prefetch=prefetch, ahead=ahead, runs=runs)
                         # tiles over 32 KB hold too many registers a thread to be worth a trial
                         if bk % max(group, 1) or k_iter // split < bk or bn * bk > 32768:
                             continue
@@ -93,7 +97,7 @@ def main() -> None:
             trials.append((rate(), cfg))
             print(
                 f"  {name} {cfg.block_n} x {cfg.block_k} split {cfg.split_k} {cfg.num_warps} warps"
-                f"{' ahead' if cfg.ahead else ''}: {trials[-1][0]:.1f}"
+                f"{' ahead' if cfg.ahead else ''}{f' runs {cfg.runs}' if cfg.runs > 1 else ''}: {trials[-1][0]:.1f}"
             )
         quant_matmul.set_config(kind, 1, n, k, kept.get((n, k)))
         current = rate()  # re-timed beside the trials

@@ -43,6 +43,9 @@ class Config:
     ahead: bool = False
     """int4 half2 GEMV: each step's scales, zeros and x load a step ahead (with its weights, under
     ``prefetch``): more registers a thread, their latency off the step."""
+    runs: int = 1
+    """int4 half2 GEMV: each thread holds this many runs of a group's words, so the group's sums
+    take fewer cross-thread steps (``kernels.int4_gemv._word_cols``); 1 keeps the plain tile."""
 
 
 _CONFIGS: dict[tuple[str, int, int, int], Config] = {}
@@ -99,7 +102,7 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
 
     Needs no device, so the sm_90 build check (``tests/kernels/sm90_build.py``) compiles the tiles launched.
     """
-    warps, prefetch, ahead = 4, False, False
+    warps, prefetch, ahead, runs = 4, False, False, 1
     split: int | None = None  # set where tuning chose it; else the rule below
     if _gemv_default(kind, m, n, k_iter_cols):
         if interp:
@@ -147,13 +150,17 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             # ahead) kept one a shape: 483.9 / 483.8 -> 499.4 / 499.7 tok/s, alternated. Alone, qkv
             # 8.5 -> 6.8 us; o 6.2 -> 6.0 and down 15.4 -> 15.6 (faster alone without ``ahead``, slower
             # in the step; 2026-11-27)
+            # NOTE(h7): down also holds 2 runs of each group a thread (``runs``): 11 % fewer loop
+            # instructions (sm_90 SASS, 497 against 559 a step), alone 14.5 against 15.3-15.6 us, and
+            # the step 499.3-499.6 -> 504.6-504.8 tok/s, alternated twice. The same for qkv, o,
+            # gate_up or the LM head was no faster or slower in the step (2026-11-27)
             bn, warps, split, prefetch, ahead = 16, 4, 1, True, True
             if n > 4096:
                 bk = 1024
             elif k_iter_cols <= 2048:
                 bk = 2048
             else:
-                bk, split = 512, 2
+                bk, split, runs = 512, 2, (2 if group % 32 == 0 else 1)
         elif k_iter_cols >= 1024:
             # NOTE(h7): the half2 int4 GEMV over the 8B gate_up and LM head on the H100: 8 rows x 1,024
             # bytes over 2 warps, 25.3 and 103.3 us; the fp32 FMA loop's best tiles of up to 512 bytes
@@ -190,4 +197,4 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
     # NOTE(h7): the first weight tile before the PDL wait took 0.6-2.6 us off each dense and int8
     # GEMV of the 8B shapes on the H100; the int4 fp32 loop's larger shapes lost up to 15 us to it
     # (its registers doubled), so int4 sets it only where it was measured (the half2 loop, above)
-    return Config(path, bn, bk, split, num_warps=warps, prefetch=prefetch, ahead=ahead)
+    return Config(path, bn, bk, split, num_warps=warps, prefetch=prefetch, ahead=ahead, runs=runs)

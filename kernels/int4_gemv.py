@@ -3,9 +3,10 @@
 
 On fp32 FMAs (``_int4_gemv_step``: fp32 activations, the interpreter, short rows), and on half2
 FMAs (``_int4_h2_step``: compiled kernels, bf16 or fp16 activations, rows of ``HALF2_MIN_BYTES``
-and more, tiles ``takes_half2`` lets in). Both read the ``reference.quantize_int4`` layout and return
-the step's per-group sums. Owns those steps and the rule that picks one; does not own the kernel,
-its tiles (``kernels._matmul_config``) nor its launch (``kernels.int4_matmul``).
+and more, tiles ``takes_half2`` lets in; with ``Config.runs``, several runs of a group a thread,
+``_word_cols``). Both read the ``reference.quantize_int4`` layout and return the step's per-group
+sums. Owns those steps and the rule that picks one; does not own the kernel, its tiles
+(``kernels._matmul_config``) nor its launch (``kernels.int4_matmul``).
 """
 
 from __future__ import annotations
@@ -224,6 +225,28 @@ if triton is not None:
         )
 
     @triton.jit
+    def _word_cols(k0, BLOCK_W: tl.constexpr, WG: tl.constexpr, R: tl.constexpr):
+        """The word columns of the step at byte ``k0``: ``(BLOCK_W,)``, or ``(NG, 1, R, WG / R)`` with ``R`` > 1.
+
+        ``WG`` words make a group (of each half). With ``R`` > 1 each group's words are cut into ``R``
+        runs that one thread holds, so a group's sums take fewer steps across threads.
+        NOTE(h7): the layout follows from the shape. Triton's coalescer gives a thread 4 of the
+        contiguous last dimension's words (one 16-byte load) and hands the other dimensions to lanes
+        and warps in index order, groups and rows before runs, which stay in registers. Put the runs
+        anywhere but after the rows and they go to lanes (no gain); load x in this shape too and the
+        half2 FMAs run in x's layout, 1 word a thread (wrong results under ``pack=4``).
+        """
+        if R == 1:
+            return k0 // 4 + tl.arange(0, BLOCK_W)
+        else:
+            NG: tl.constexpr = BLOCK_W // WG
+            J: tl.constexpr = WG // R
+            g = tl.arange(0, NG)[:, None, None, None] * WG
+            r = tl.arange(0, R)[None, None, :, None] * J
+            j = tl.arange(0, J)[None, None, None, :]
+            return k0 // 4 + r + g + j
+
+    @triton.jit
     def _x_quads(x_row, k0, k_end, K2, BLOCK_W: tl.constexpr):
         """The x at columns ``4c .. 4c + 3`` of the step's words ``c`` (at byte ``k0``), as loaded: four ``(BLOCK_W,)``.
 
@@ -270,47 +293,74 @@ if triton is not None:
         return s_lo, z_lo, s_hi, z_hi
 
     @triton.jit
-    def _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K: tl.constexpr):
-        """The ``(BLOCK_N, BLOCK_K / 4)`` int32 words of a packed int4 tile at byte ``k0`` (zeros at or past ``k_end``)."""
-        rc = k0 // 4 + tl.arange(0, BLOCK_K // 4)
-        return tl.load(
-            w32 + rc[None, :],
-            mask=nmask[:, None] & ((rc < K2 // 4) & (k0 < k_end))[None, :],
-            other=0,
-            eviction_policy=WEIGHT_EVICTION,
-        )
+    def _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K: tl.constexpr, WG: tl.constexpr = 1, R: tl.constexpr = 1):
+        """The int32 words of a packed int4 tile at byte ``k0`` (zeros at or past ``k_end``).
+
+        ``(BLOCK_N, BLOCK_K / 4)``, or ``(NG, BLOCK_N, R, WG / R)`` with ``R`` > 1 (``_word_cols``).
+        ``w32`` is the rows' ``(BLOCK_N, 1)`` word pointers.
+        """
+        rc = _word_cols(k0, BLOCK_K // 4, WG, R)
+        if R == 1:
+            return tl.load(
+                w32 + rc[None, :],
+                mask=nmask[:, None] & ((rc < K2 // 4) & (k0 < k_end))[None, :],
+                other=0,
+                eviction_policy=WEIGHT_EVICTION,
+            )
+        else:
+            return tl.load(
+                w32[None, :, :, None] + rc,
+                mask=nmask[None, :, None, None] & (rc < K2 // 4) & (k0 < k_end),
+                other=0,
+                eviction_policy=WEIGHT_EVICTION,
+            )
 
     @triton.jit
-    def _int4_h2_step(acc2, wq, k0, k_end, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G: tl.constexpr):
-        """``_int4_gemv_step`` on half2 FMAs (``_h2_dot``): ``wq`` is the step's ``(BLOCK_N, BLOCK_K / 4)`` int32 words.
+    def _int4_h2_step(
+        acc2, wq, k0, k_end, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G: tl.constexpr, R: tl.constexpr = 1
+    ):
+        """``_int4_gemv_step`` on half2 FMAs (``_h2_dot``): ``wq`` is the step's int32 words (``_word_tile``).
 
         Loads the step's x, then its scales and zeros (after the products: fewer registers live).
         """
-        BLOCK_W: tl.constexpr = wq.shape[1]
+        BLOCK_W: tl.constexpr = wq.shape[1] if R == 1 else wq.shape[0] * wq.shape[2] * wq.shape[3]
         NG: tl.constexpr = BLOCK_W * 4 // G  # groups per step and half
         a0, a1, a2, a3 = _x_quads(x_row, k0, k_end, K2, BLOCK_W)
         b0, b1, b2, b3 = _x_quads(x_row + K2, k0, k_end, K2, BLOCK_W)
-        t_lo, t_hi, xs_lo, xs_hi = _h2_sums(wq, a0, a1, a2, a3, b0, b1, b2, b3, G)
+        t_lo, t_hi, xs_lo, xs_hi = _h2_sums(wq, a0, a1, a2, a3, b0, b1, b2, b3, G, R)
         s_lo, z_lo, s_hi, z_hi = _group_scales(s_ptr, z_ptr, rn, ss_n, k0, nmask, K2, NG, G)
         return _h2_fold(acc2, t_lo, t_hi, xs_lo, xs_hi, s_lo, z_lo, s_hi, z_hi)
 
     @triton.jit
-    def _h2_sums(wq, a0, a1, a2, a3, b0, b1, b2, b3, G: tl.constexpr):
+    def _h2_sums(wq, a0, a1, a2, a3, b0, b1, b2, b3, G: tl.constexpr, R: tl.constexpr = 1):
         """Per row and group of a step, ``sum((q - 8) x / 4)`` of each half, and per group ``sum(x)``: ``(t_lo, t_hi, xs_lo, xs_hi)``.
 
-        ``wq``: the step's int32 words (``_word_tile``); ``a*`` / ``b*``: x of the low and high half
-        (``_x_quads``).
+        ``wq``: the step's int32 words (``_word_tile``, ``R`` runs of a group a thread); ``a*`` / ``b*``:
+        x of the low and high half (``_x_quads``).
         """
-        BLOCK_N: tl.constexpr = wq.shape[0]
-        BLOCK_W: tl.constexpr = wq.shape[1]
-        NG: tl.constexpr = BLOCK_W * 4 // G  # groups per step and half
         xa, xb, xs_lo = _half_pairs(a0, a1, a2, a3, 0.25)
         xc, xd, xs_hi = _half_pairs(b0, b1, b2, b3, 0.25 / 16.0)
-        o = _h2_dot(wq, xa[None, :], xb[None, :], xc[None, :], xd[None, :])  # (BLOCK_N, BLOCK_W)
-        o4 = tl.reshape(o, (BLOCK_N, BLOCK_W // 4, 2, 2))  # [lo, lo, hi, hi] of each 4 words
-        lo, hi = tl.split(tl.permute(o4, (0, 1, 3, 2)))  # (BLOCK_N, BLOCK_W / 4, 2) each
-        t_lo = tl.sum(tl.reshape(lo, (BLOCK_N, NG, G // 8)), axis=2)  # (BLOCK_N, NG)
-        t_hi = tl.sum(tl.reshape(hi, (BLOCK_N, NG, G // 8)), axis=2)
+        BLOCK_W: tl.constexpr = xa.shape[0]
+        NG: tl.constexpr = BLOCK_W * 4 // G  # groups per step and half
+        if R == 1:
+            BLOCK_N: tl.constexpr = wq.shape[0]
+            o = _h2_dot(wq, xa[None, :], xb[None, :], xc[None, :], xd[None, :])  # (BLOCK_N, BLOCK_W)
+            o4 = tl.reshape(o, (BLOCK_N, BLOCK_W // 4, 2, 2))  # [lo, lo, hi, hi] of each 4 words
+            lo, hi = tl.split(tl.permute(o4, (0, 1, 3, 2)))  # (BLOCK_N, BLOCK_W / 4, 2) each
+            t_lo = tl.sum(tl.reshape(lo, (BLOCK_N, NG, G // 8)), axis=2)  # (BLOCK_N, NG)
+            t_hi = tl.sum(tl.reshape(hi, (BLOCK_N, NG, G // 8)), axis=2)
+        else:
+            BNR: tl.constexpr = wq.shape[1]  # rows (wq is (NG, BLOCK_N, R, J))
+            J: tl.constexpr = wq.shape[3]  # words a run
+            # back to rows of words in memory order: a change of view, each thread's words in place
+            # (its 4 consecutive words still _h2_dot's pack), so x lines up as a plain row again
+            w2 = tl.reshape(tl.permute(wq, (1, 0, 2, 3)), (BNR, BLOCK_W))
+            o = _h2_dot(w2, xa[None, :], xb[None, :], xc[None, :], xd[None, :])  # (BLOCK_N, BLOCK_W)
+            o6 = tl.reshape(o, (BNR, NG, R, J // 4, 2, 2))  # [lo, lo, hi, hi] of each 4 words
+            lo, hi = tl.split(tl.permute(o6, (0, 1, 2, 3, 5, 4)))  # (BLOCK_N, NG, R, J / 4, 2) each
+            # the half2 lanes and the runs (in-thread) first: (BLOCK_N, NG)
+            t_lo = tl.sum(tl.sum(tl.sum(lo, axis=4), axis=2), axis=2)
+            t_hi = tl.sum(tl.sum(tl.sum(hi, axis=4), axis=2), axis=2)
         xs_lo = tl.sum(tl.reshape(xs_lo, (NG, G // 4)), axis=1)[None, :]  # (1, NG)
         xs_hi = tl.sum(tl.reshape(xs_hi, (NG, G // 4)), axis=1)[None, :]
         return t_lo, t_hi, xs_lo, xs_hi

@@ -82,6 +82,7 @@ if triton is not None:
         PREFETCH: tl.constexpr = False,  # GEMV: load the first weight tile before the PDL wait (Config.prefetch)
         AHEAD: tl.constexpr = False,  # half2 GEMV: scales and x a step ahead (Config.ahead)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
+        R: tl.constexpr = 1,  # half2 GEMV: runs of a group a thread holds (kernels.int4_gemv._word_cols)
     ):
         rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
         pos, slot = _rope_rows(pos_ptr, slot_ptr, rm, mmask, ROPE)  # before the PDL wait
@@ -106,7 +107,7 @@ if triton is not None:
                 BLOCK_W: tl.constexpr = BLOCK_K // 4
                 # weights and scales are no kernel's output: the first step's load before the wait
                 if PREFETCH:
-                    wq = _word_tile(w32, k_lo, k_end, K2, nmask, BLOCK_K)
+                    wq = _word_tile(w32, k_lo, k_end, K2, nmask, BLOCK_K, G // 4, R)
                 if AHEAD:
                     s0, z0, s1, z1 = _group_scales(s_ptr, z_ptr, rn, ss_n, k_lo, nmask, K2, NG, G)
                 pdl_enter_after_wait(PDL)
@@ -116,9 +117,9 @@ if triton is not None:
                 for k0 in range(k_lo, k_end, BLOCK_K):
                     if PREFETCH:
                         cw = wq
-                        wq = _word_tile(w32, k0 + BLOCK_K, k_end, K2, nmask, BLOCK_K)
+                        wq = _word_tile(w32, k0 + BLOCK_K, k_end, K2, nmask, BLOCK_K, G // 4, R)
                     else:
-                        cw = _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K)
+                        cw = _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K, G // 4, R)
                     if AHEAD:  # this step's scales and x were loaded a step ago; load the next step's
                         cs0, cz0, cs1, cz1 = s0, z0, s1, z1
                         ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3 = a0, a1, a2, a3, b0, b1, b2, b3
@@ -126,10 +127,10 @@ if triton is not None:
                         s0, z0, s1, z1 = _group_scales(s_ptr, z_ptr, rn, ss_n, nxt, nmask & (nxt < k_end), K2, NG, G)
                         a0, a1, a2, a3 = _x_quads(x_row, nxt, k_end, K2, BLOCK_W)
                         b0, b1, b2, b3 = _x_quads(x_row + K2, nxt, k_end, K2, BLOCK_W)
-                        t_lo, t_hi, xs_lo, xs_hi = _h2_sums(cw, ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3, G)
+                        t_lo, t_hi, xs_lo, xs_hi = _h2_sums(cw, ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3, G, R)
                         acc2 = _h2_fold(acc2, t_lo, t_hi, xs_lo, xs_hi, cs0, cz0, cs1, cz1)
                     else:
-                        acc2 = _int4_h2_step(acc2, cw, k0, k_end, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G)
+                        acc2 = _int4_h2_step(acc2, cw, k0, k_end, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, R)
             else:
                 # NOTE(h7): PREFETCH peels the first step, which doubled this loop's registers (16 x 512
                 # bytes, 2 warps: 127 -> 254 a thread, 168 -> 255 with SiLU-and-mul on the loads; ptxas):
@@ -241,6 +242,8 @@ def int4_matmul(
     h2 = asm and not exact and int4_gemv.takes_half2(cfg, k2, packed.data_ptr())
     tensors = (packed, scales, zeros)
     ahead = h2 and cfg.ahead
+    runs = cfg.runs if h2 else 1
     return launch(
-        _int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope, G=group_size, EXACT=exact, ASM=asm, H2=h2, AHEAD=ahead
-    )
+        _int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope,
+        G=group_size, EXACT=exact, ASM=asm, H2=h2, AHEAD=ahead, R=runs,
+    )  # fmt: skip

@@ -81,19 +81,36 @@ def _default(kind: Kind, rows: int, n: int, k_iter: int, group: int) -> tuple[di
     tile: dict[str, Any] = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
     if kind == "int4":
         tile["AHEAD"] = cfg.ahead
+        tile["R"] = cfg.runs
     return tile, cfg.num_warps, cfg.prefetch
 
 
 def _words_a_thread(ttgir: str) -> list[int]:
-    """Contiguous elements a thread of ``kernels.int4_gemv._h2_dot``'s result (its half2 FMAs, 4 words a call)."""
+    """Contiguous elements a thread of ``kernels.int4_gemv._h2_dot``'s result (its half2 FMAs, 4 words a call).
+
+    A blocked layout says it in ``sizePerThread``; a linear one (a tile of ``Config.runs``) in its
+    leading register bases, each doubling the run along the last dimension.
+    """
     out = []
     for line in ttgir.splitlines():
         if "packed_element = 4" in line and "fma.rn.f16x2" in line:
             layout = re.search(r"-> tensor<[0-9x]+xf32, (#\w+)>", line)
             assert layout, line
-            attr = re.search(rf"^{layout.group(1)} = .*sizePerThread = \[([0-9, ]+)\]", ttgir, re.M)
+            attr = re.search(rf"^{layout.group(1)} = (.*)$", ttgir, re.M)
             assert attr, layout.group(1)
-            out.append(int(attr.group(1).split(",")[-1]))
+            blocked = re.search(r"sizePerThread = \[([0-9, ]+)\]", attr.group(1))
+            if blocked:
+                out.append(int(blocked.group(1).split(",")[-1]))
+                continue
+            bases = re.search(r"register = \[(.*?)\], lane", attr.group(1))
+            assert bases, attr.group(1)
+            run = 1
+            for base in re.findall(r"\[([0-9, ]+)\]", bases.group(1)):
+                *lead, last = (int(v) for v in base.split(","))
+                if any(lead) or last != run:
+                    break
+                run *= 2
+            out.append(run)
     return out
 
 
@@ -172,9 +189,10 @@ def cases() -> list[Case]:
     out.append(Case("int4 gemv glu", int4_matmul._int4_kernel, c, w4, warps))
     for bn, bk, warps in ((16, 128, 4), (4, 512, 4), (2, 1024, 2)):  # the smallest tiles takes_half2 lets in
         c = {**gemv, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "G": 32, "GLU": False, "EXACT": False, "H2": True}
-        for ahead in (False, True):
-            name = f"int4 gemv half2 {bn}x{bk} ahead={ahead}"
-            out.append(Case(name, int4_matmul._int4_kernel, {**c, "PREFETCH": True, "AHEAD": ahead}, w4, warps))
+        for ahead, runs in ((False, 1), (True, 1), (True, 2)):  # runs: 2 of GGUF's 8-word groups a thread
+            name = f"int4 gemv half2 {bn}x{bk} ahead={ahead} runs={runs}"
+            c_run = {**c, "PREFETCH": True, "AHEAD": ahead, "R": runs}
+            out.append(Case(name, int4_matmul._int4_kernel, c_run, w4, warps))
     for small_n, small_k in ((576, 1536), (49152, 576)):  # SmolLM2's down and LM head, GGUF's group of 32
         tile, warps, prefetch = _default("int4", 1, small_n, small_k // 2, 32)
         c = {**gemv, **tile, "G": 32, "GLU": False, "EXACT": False, "H2": False, "PREFETCH": prefetch}
@@ -240,6 +258,9 @@ def cases() -> list[Case]:
         types = {"x_ptr": x_type, "out_ptr": "*i64", "part_ptr": "*i32", "cnt_ptr": "*i32"}
         c = {"BLOCK": argmax.BLOCK, "BLOCK_P": 32, "PDL": True}
         out.append(Case(f"argmax x={x_type[1:]}", argmax._argmax_kernel, c, types))
+    for case in out:  # a constexpr left out would build as an i32 argument
+        if case.fn is int4_matmul._int4_kernel:
+            case.consts.setdefault("R", 1)
     return out
 
 

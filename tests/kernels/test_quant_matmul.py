@@ -34,6 +34,7 @@ GPU_CONFIGS = [
     None,
     Config("gemv", 32, 256, 4, prefetch=True),
     Config("gemv", 32, 256, 3, prefetch=True, ahead=True),  # int4: scales and x a step ahead, a ragged split
+    Config("gemv", 16, 512, 2, prefetch=True, ahead=True, runs=2),  # int4: two runs of a group a thread
     Config("gemv", 32, 64, 2),
     Config("tiled", 64, 32, 1),
     Config("tiled", 64, 32, 4),
@@ -179,12 +180,36 @@ def test_gemv_gives_the_same_bits_with_the_first_weight_tile_loaded_before_the_w
     assert torch.equal(run(Config("gemv", 16, bk, split, ahead=True)), plain)
 
 
+@pytest.mark.parametrize("runs", [2, 4])
+@pytest.mark.parametrize("ahead", [False, True])
+def test_int4_gemv_with_runs_of_a_group_a_thread_matches_the_plain_tile(device, runs, ahead):
+    """``Config.runs`` changes which thread holds which words, not the products: the plain tile's result
+    up to the order of its fp32 sums, over split-K, a ragged last step and ragged rows."""
+    m, n, k, group = (2, 1027, 4096 + 512, 128) if ON_GPU else (2, 17, 256, 64)
+    packed, sc, z = (t.to(device) for t in reference.quantize_int4(torch.randn(n, k), group))
+    x = torch.randn(m, k, dtype=torch.bfloat16 if ON_GPU else torch.float32, device=device)
+    bk, split = (512, 3) if ON_GPU else (64, 3)
+    plain = int4_matmul(x, packed, sc, z, group, Config("gemv", 16, bk, split, prefetch=True, ahead=ahead))
+    out = int4_matmul(x, packed, sc, z, group, Config("gemv", 16, bk, split, prefetch=True, ahead=ahead, runs=runs))
+    torch.testing.assert_close(out.float(), plain.float(), rtol=1e-2, atol=1e-2)
+    ref = reference.int4_matmul(x.float().cpu(), packed.cpu(), sc.cpu(), z.cpu(), group)
+    assert _rel_err(out.cpu(), ref) < 1e-2
+
+
+def test_int4_matmul_rejects_runs_that_do_not_cut_the_group_into_vectors(device):
+    packed, s, z = (t.to(device) for t in reference.quantize_int4(torch.randn(16, 128), 32))
+    x = torch.randn(1, 128, device=device)
+    with pytest.raises(ValueError, match="runs 4 must cut group_size 32"):
+        int4_matmul(x, packed, s, z, 32, Config("gemv", 16, 32, 1, runs=4))
+
+
 GLU_CONFIGS = (
     [
         None,
         Config("gemv", 2, 1024, 1, num_warps=2),
         Config("gemv", 16, 256, 4),
         Config("gemv", 16, 512, 2, prefetch=True, ahead=True),
+        Config("gemv", 16, 512, 2, prefetch=True, ahead=True, runs=2),
         Config("tiled", 64, 32, 2),
     ]
     if ON_GPU
