@@ -293,7 +293,7 @@ if triton is not None:
         return s_lo, z_lo, s_hi, z_hi
 
     @triton.jit
-    def _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K: tl.constexpr, WG: tl.constexpr = 1, R: tl.constexpr = 1):
+    def _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K: tl.constexpr, WG: tl.constexpr, R: tl.constexpr):
         """The int32 words of a packed int4 tile at byte ``k0`` (zeros at or past ``k_end``).
 
         ``(BLOCK_N, BLOCK_K / 4)``, or ``(NG, BLOCK_N, R, WG / R)`` with ``R`` > 1 (``_word_cols``).
@@ -316,9 +316,7 @@ if triton is not None:
             )
 
     @triton.jit
-    def _int4_h2_step(
-        acc2, wq, k0, k_end, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G: tl.constexpr, R: tl.constexpr = 1
-    ):
+    def _int4_h2_step(acc2, wq, k0, k_end, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G: tl.constexpr, R: tl.constexpr):
         """``_int4_gemv_step`` on half2 FMAs (``_h2_dot``): ``wq`` is the step's int32 words (``_word_tile``).
 
         Loads the step's x, then its scales and zeros (after the products: fewer registers live).
@@ -332,7 +330,7 @@ if triton is not None:
         return _h2_fold(acc2, t_lo, t_hi, xs_lo, xs_hi, s_lo, z_lo, s_hi, z_hi)
 
     @triton.jit
-    def _h2_sums(wq, a0, a1, a2, a3, b0, b1, b2, b3, G: tl.constexpr, R: tl.constexpr = 1):
+    def _h2_sums(wq, a0, a1, a2, a3, b0, b1, b2, b3, G: tl.constexpr, R: tl.constexpr):
         """Per row and group of a step, ``sum((q - 8) x / 4)`` of each half, and per group ``sum(x)``: ``(t_lo, t_hi, xs_lo, xs_hi)``.
 
         ``wq``: the step's int32 words (``_word_tile``, ``R`` runs of a group a thread); ``a*`` / ``b*``:
