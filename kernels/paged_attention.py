@@ -4,11 +4,10 @@
 GQA-aware: a program owns one KV head and all the query heads that share it, so each key and value
 tile is read once for the whole group. Split-KV: each context is cut into ``splits`` equal runs of
 whole key tiles, sized on the device from the sequence's own length, each reduced by its own
-program to a partial output and log-sum-exp, and the last of a sequence's programs to finish
-merges them in the same launch; this keeps the GPU busy at small batches, over short contexts as
-over long ones.
+program to a partial output and log-sum-exp, and a second kernel merges them; this keeps the GPU
+busy at small batches, over short contexts as over long ones.
 
-Owns the Triton kernel and the launcher; semantics are
+Owns the two Triton kernels and the launcher; semantics are
 ``kernels.reference.paged_decode_attention``, which the launcher falls back to where no kernel can
 run. Does not own prefill attention (multi-token queries), nor the block tables themselves.
 """
@@ -21,7 +20,6 @@ import torch
 
 from kernels import reference
 from kernels._common import (
-    arrival_counters,
     can_launch,
     check,
     check_dtype,
@@ -60,28 +58,6 @@ if triton is not None:
         return m_new, lsum, acc
 
     @triton.jit
-    def _merge_head(part_out_ptr, part_lse_ptr, out_ptr, b, h, NH, so_b, so_h, S, HD: tl.constexpr,
-                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-        """Head ``h`` of sequence ``b``: its ``S`` partial outputs weighted by their log-sum-exps, into ``out``."""
-        s = tl.arange(0, BLOCK_S)
-        d = tl.arange(0, BLOCK_D)
-        smask = s < S
-        base = (b * NH + h) * S
-        # .cg: other multiprocessors wrote these; skip this one's L1
-        lse = tl.load(part_lse_ptr + base + s, mask=smask, other=float("-inf"), cache_modifier=".cg")
-        gmax = tl.max(lse, axis=0)
-        gmax = tl.where(gmax == float("-inf"), 0.0, gmax)  # an empty context: keep -inf - -inf (NaN) out
-        w = tl.exp2(lse - gmax)  # (BLOCK_S,); zero for empty partitions
-        o = tl.load(
-            part_out_ptr + (base + s)[:, None] * HD + d[None, :],
-            mask=smask[:, None] & (d < HD)[None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        )
-        out = tl.sum(o * w[:, None], axis=0) / tl.maximum(tl.sum(w, axis=0), 1e-30)
-        tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=d < HD)
-
-    @triton.jit
     def _decode_split_kernel(
         q_ptr,  # (B, NH, HD) queries
         kc_ptr,  # (num_blocks, BS, NKV, HD) key cache
@@ -90,12 +66,8 @@ if triton is not None:
         lens_ptr,  # (B,) context lengths
         part_out_ptr,  # (B, NH, S, HD) fp32 partial outputs, normalised within the partition
         part_lse_ptr,  # (B, NH, S) fp32 partial log2-sum-exp2, -inf for an empty partition
-        out_ptr,  # (B, NH, HD) output
-        cnt_ptr,  # (B, NKV) arrival counters, zero between launches
         sq_b,  # q strides: batch, head
         sq_h,
-        so_b,  # out strides: batch, head
-        so_h,
         sc_blk,  # cache strides: block, token-in-block, head
         sc_tok,
         sc_h,
@@ -106,7 +78,6 @@ if triton is not None:
         HD: tl.constexpr,  # head dim
         BS: tl.constexpr,  # tokens per cache block
         BLOCK_G: tl.constexpr,  # power of two >= max(G, 16): rows of the tl.dot
-        BLOCK_S: tl.constexpr,  # power of two >= S
         BLOCK_D: tl.constexpr,  # power of two >= HD
         BLOCK_N: tl.constexpr,  # context tokens per loop step
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32 (the CPU interpreter needs it)
@@ -164,16 +135,37 @@ if triton is not None:
                 m, lsum, acc = _attend(q, k, v, tmask, m, lsum, acc, scale_log2, DOT_F32, PRECISION)
             tl.store(part_out_ptr + out_off, acc / lsum[:, None], mask=gmask[:, None] & dmask)
             tl.store(part_lse_ptr + lse_off, m + tl.log2(lsum), mask=gmask)
-        # the last of this sequence and KV head's S programs to arrive merges their partials
-        tl.debug_barrier()  # every thread's partial stores before the counter's release
-        seq = b * tl.num_programs(1) + kvh
-        arrived = tl.atomic_add(cnt_ptr + seq, 1, sem="acq_rel")
-        if arrived == S - 1:
-            for i in tl.static_range(G):
-                _merge_head(part_out_ptr, part_lse_ptr, out_ptr, b, kvh * G + i, G * tl.num_programs(1), so_b, so_h,
-                            S, HD, BLOCK_S, BLOCK_D)  # fmt: skip
-            # relaxed: the next launch to read the counter starts only once this one has finished
-            tl.atomic_xchg(cnt_ptr + seq, 0, sem="relaxed")
+
+    @triton.jit
+    def _decode_reduce_kernel(
+        part_out_ptr,  # (B, NH, S, HD) fp32 partial outputs
+        part_lse_ptr,  # (B, NH, S) fp32 partial log2-sum-exp2
+        out_ptr,  # (B, NH, HD) output
+        so_b,  # out strides: batch, head
+        so_h,
+        S,  # partitions per sequence
+        NH: tl.constexpr,  # query heads
+        HD: tl.constexpr,  # head dim
+        BLOCK_S: tl.constexpr,  # power of two >= S
+        BLOCK_D: tl.constexpr,  # power of two >= HD
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
+    ):
+        pdl_enter(PDL)
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.arange(0, BLOCK_S)
+        d = tl.arange(0, BLOCK_D)
+        smask = s < S
+        base = (b * NH + h) * S
+        lse = tl.load(part_lse_ptr + base + s, mask=smask, other=float("-inf"))
+        gmax = tl.max(lse, axis=0)
+        gmax = tl.where(gmax == float("-inf"), 0.0, gmax)  # an empty context: keep -inf - -inf (NaN) out
+        w = tl.exp2(lse - gmax)  # (BLOCK_S,); zero for empty partitions
+        o = tl.load(
+            part_out_ptr + (base + s)[:, None] * HD + d[None, :], mask=smask[:, None] & (d < HD)[None, :], other=0.0
+        )
+        out = tl.sum(o * w[:, None], axis=0) / tl.maximum(tl.sum(w, axis=0), 1e-30)
+        tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=d < HD)
 
 
 def paged_decode_attention(
@@ -246,6 +238,7 @@ def paged_decode_attention(
         out = torch.empty_like(q)
     if B == 0:
         return out
+    BLOCK_D = next_pow2(hd)
     _decode_split_kernel[(B, nkv, S)](
         q,
         k_cache,
@@ -254,12 +247,8 @@ def paged_decode_attention(
         seq_lens,
         part_out,
         part_lse,
-        out,
-        arrival_counters(q.device, B * nkv),
         q.stride(0),
         q.stride(1),
-        out.stride(0),
-        out.stride(1),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -270,11 +259,24 @@ def paged_decode_attention(
         HD=hd,
         BS=bs,
         BLOCK_G=max(16, next_pow2(G)),
-        BLOCK_S=next_pow2(S),
-        BLOCK_D=next_pow2(hd),
+        BLOCK_D=BLOCK_D,
         BLOCK_N=BLOCK_N,
         DOT_F32=dot_in_fp32() or q.dtype == torch.float32,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4,
+        **pdl_args(q),
+    )
+    _decode_reduce_kernel[(B, nh)](
+        part_out,
+        part_lse,
+        out,
+        out.stride(0),
+        out.stride(1),
+        S,
+        NH=nh,
+        HD=hd,
+        BLOCK_S=next_pow2(S),
+        BLOCK_D=BLOCK_D,
         num_warps=4,
         **pdl_args(q),
     )

@@ -208,7 +208,6 @@ def cases() -> list[Case]:
     attn = {
         "part_out_ptr": "*fp32",
         "part_lse_ptr": "*fp32",
-        "cnt_ptr": "*i32",
         "table_ptr": "*i32",
         "lens_ptr": "*i32",
         "scale_log2": "fp32",
@@ -219,7 +218,6 @@ def cases() -> list[Case]:
             "HD": hd,
             "BS": 16,
             "BLOCK_G": 16,
-            "BLOCK_S": 32,
             "BLOCK_D": hd,
             "BLOCK_N": 64,
             "DOT_F32": False,
@@ -227,6 +225,8 @@ def cases() -> list[Case]:
             "PDL": True,
         }
         out.append(Case(f"decode split G={g} hd={hd}", paged_attention._decode_split_kernel, c, attn))
+    c = {"NH": 32, "HD": 128, "BLOCK_S": 32, "BLOCK_D": 128, "PDL": True}
+    out.append(Case("decode reduce", paged_attention._decode_reduce_kernel, c, attn))
     pre = {**attn, "qstart_ptr": "*i32", "qlen_ptr": "*i32", "slen_ptr": "*i32"}
     for split in (False, True):
         c = {

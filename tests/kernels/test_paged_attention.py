@@ -100,18 +100,3 @@ def test_paged_decode_attention_rejects_heads_not_multiple_of_kv_heads(device):
     q, kc, vc, tables, sl = _case(device, torch.float32, 2, 2, 16, 4, [5], num_blocks=8)
     with pytest.raises(ValueError, match="multiple of KV heads"):
         paged_decode_attention(q[:, :3], kc, vc, tables, sl, 0.25)
-
-
-@pytest.mark.parametrize("splits", [1, 5])
-def test_paged_decode_attention_merges_in_the_launch_repeatably_and_leaves_counters_at_zero(device, splits):
-    """The last of a sequence's partitions to arrive merges them: the same bits on a second launch, the
-    reference's result, and every arrival counter back at zero for the next launch (a graph replay)."""
-    from kernels import _common
-
-    q, kc, vc, tables, sl = _case(device, torch.float32, 2, 3, 16, 4, [0, 7, 29, 40], num_blocks=64)
-    first = paged_decode_attention(q, kc, vc, tables, sl, 0.25, splits=splits)
-    second = paged_decode_attention(q, kc, vc, tables, sl, 0.25, splits=splits)
-    assert torch.equal(first, second)
-    assert int(_common._COUNTERS[q.device].abs().sum()) == 0
-    ref = reference.paged_decode_attention(*(t.cpu() for t in (q, kc, vc, tables, sl)), 0.25)
-    torch.testing.assert_close(first.cpu(), ref, atol=2e-3, rtol=2e-3)
