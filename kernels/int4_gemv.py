@@ -293,6 +293,14 @@ if triton is not None:
         return s_lo, z_lo, s_hi, z_hi
 
     @triton.jit
+    def _byte_tile(w_ptrs, k0, K2, nmask, BLOCK_K: tl.constexpr):
+        """The ``(BLOCK_N, BLOCK_K)`` packed bytes of the fp32 loop's tile at byte ``k0``; ``w_ptrs`` the rows' ``(BLOCK_N, 1)`` pointers."""
+        rk = k0 + tl.arange(0, BLOCK_K)
+        return tl.load(
+            w_ptrs + rk[None, :], mask=nmask[:, None] & (rk < K2)[None, :], other=0, eviction_policy=WEIGHT_EVICTION
+        )
+
+    @triton.jit
     def _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K: tl.constexpr, WG: tl.constexpr, R: tl.constexpr):
         """The int32 words of a packed int4 tile at byte ``k0`` (zeros at or past ``k_end``).
 

@@ -28,9 +28,10 @@ if TYPE_CHECKING:
 __all__ = ["int4_matmul"]
 
 if triton is not None:
-    from kernels._common import WEIGHT_EVICTION, pdl_enter_after_wait
+    from kernels._common import pdl_enter_after_wait
     from kernels._matmul_launch import _program_tile, _store_tile
     from kernels.int4_gemv import (
+        _byte_tile,
         _group_scales,
         _h2_fold,
         _h2_sums,
@@ -138,24 +139,12 @@ if triton is not None:
                 # o 7.5 -> 7.1, but gate_up 27.0 -> 30.0, down 19.7 -> 20.6, LM head 104.8 -> 120.2
                 w_ptrs = w_ptr + rn[:, None] * sw_n
                 if PREFETCH:  # see _dense_gemv_kernel
-                    rk = k_lo + tl.arange(0, BLOCK_K)
-                    b = tl.load(
-                        w_ptrs + rk[None, :],
-                        mask=nmask[:, None] & (rk < K2)[None, :],
-                        other=0,
-                        eviction_policy=WEIGHT_EVICTION,
-                    )
+                    b = _byte_tile(w_ptrs, k_lo, K2, nmask, BLOCK_K)
                 pdl_enter_after_wait(PDL)
                 if PREFETCH:
                     acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
                 for k0 in range(k_lo + BLOCK_K * PREFETCH, k_end, BLOCK_K):
-                    rk = k0 + tl.arange(0, BLOCK_K)
-                    b = tl.load(
-                        w_ptrs + rk[None, :],
-                        mask=nmask[:, None] & (rk < K2)[None, :],
-                        other=0,
-                        eviction_policy=WEIGHT_EVICTION,
-                    )
+                    b = _byte_tile(w_ptrs, k0, K2, nmask, BLOCK_K)
                     acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
