@@ -168,13 +168,10 @@ def check_group(group_size: int) -> None:
 
 
 def check_step(group_size: int, cfg: Config) -> None:
-    """A GEMV step covers whole groups, each cut into runs of whole 4-word vectors; a tiled step lies inside one."""
+    """A GEMV step covers whole groups; a tiled step lies inside one."""
     if cfg.path == "gemv":
         check(
             cfg.block_k % group_size == 0, f"GEMV block_k {cfg.block_k} must be a multiple of group_size {group_size}"
-        )
-        check(
-            group_size % (16 * cfg.runs) == 0, f"runs {cfg.runs} must cut group_size {group_size} into 16-column runs"
         )
     else:
         check(group_size % cfg.block_k == 0, f"tiled block_k {cfg.block_k} must divide group_size {group_size}")

@@ -225,6 +225,8 @@ def int4_matmul(
     )
     cfg = config or config_for("int4", x.shape[0], n, k, k2, group_size, x.device)
     check_step(group_size, cfg)
+    # Config.runs is the half2 loop's alone: each run whole 4-word vectors (16 columns of a half)
+    check(group_size % (16 * cfg.runs) == 0, f"runs {cfg.runs} must cut group_size {group_size} into 16-column runs")
     strides = (x.stride(0), packed.stride(0), scales.stride(0))
     exact = x.dtype == torch.float32
     asm = x.is_cuda and not interpreting()
