@@ -3,12 +3,14 @@
 Times are ``bench.engine_gpu``'s way: the GEMV over the layers' distinct random weights in one CUDA
 graph, PDL on, us a launch; the library's default tile beside it, alternated. Every variant's
 output is checked against ``kernels.reference``. ``--fit`` times one shape family (K 4,096, N 3,584
-to 57,344) to split a GEMV's time into streaming and the rest. ``--timeline`` stamps every program
+to 57,344) to split a GEMV's time into streaming and the rest; ``--side-by-side`` runs two of the
+library's GEMV chains on one stream and on two. ``--timeline`` stamps every program
 of a layer's four GEMVs (``%globaltimer``) over 32 layers in one graph: when each started, passed
 the PDL wait, had x and ended.
 
     python -m bench.probe_int4_mma --json $OUT/probe_int4_mma.json [--only gate_up,down] [--paths mma,tma,units]
     python -m bench.probe_int4_mma --fit --json $OUT/probe_int4_mma_fit.json
+    python -m bench.probe_int4_mma --side-by-side --json $OUT/probe_int4_mma_side_by_side.json
     python -m bench.probe_int4_mma --timeline [--layer qkv:mma:4:4:0:1,...] --json $OUT/probe_int4_mma_timeline.json
 """
 
@@ -269,9 +271,51 @@ def timeline(res: dict[str, Any], layer: tuple[Link, ...] = LAYER, layers: int =
         print(name, {k: round(v, 2) for k, v in med.items()}, flush=True)
 
 
+def side_by_side(res: dict[str, Any], layers: int = 32) -> None:
+    """The library's gate_up and down GEMVs, ``layers`` of each: alone, one chain after the other, and the two chains on two streams.
+
+    Each way is one CUDA graph. Whether one chain's weight traffic fills the other's launch edges
+    (the wait, x, the last programs) is what a kernel that streams weights through op boundaries
+    would get; the bound is both chains' bytes at the copy ceiling.
+    """
+    dims = {name: (n, k) for name, n, k in SHAPES["llama3-8b"].linear_dims()}
+    chains = {}
+    for name in ("gate_up", "down"):
+        n, k = dims[name]
+        chains[name] = (_weights(n, k, layers), torch.randn(1, k, device="cuda", dtype=torch.bfloat16))
+    res["mb"] = {
+        name: sum(t.numel() * t.element_size() for w in ws for t in w) / 1e6 for name, (ws, _) in chains.items()
+    }
+
+    def run(name: str) -> None:
+        ws, x = chains[name]
+        for w in ws:
+            _library(x, *w)
+
+    def both() -> None:
+        main = torch.cuda.current_stream()
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]  # type: ignore[no-untyped-call]
+        for s, name in zip(streams, chains, strict=True):
+            s.wait_stream(main)
+            with torch.cuda.stream(s):
+                run(name)
+        for s in streams:
+            main.wait_stream(s)
+
+    def in_turn() -> None:
+        for name in chains:
+            run(name)
+
+    ways = {"gate_up": lambda: run("gate_up"), "down": lambda: run("down"), "one_after_other": in_turn, "side_by_side": both}  # fmt: skip
+    res["us"] = {way: [graph_time_ms(fn, repeats=5) * 1e3 for _ in range(3)] for way, fn in ways.items()}
+    print({way: [round(t, 1) for t in ts] for way, ts in res["us"].items()}, flush=True)
+    print(f"both chains' bytes at 3.0 TB/s: {sum(res['mb'].values()) / 3.0:.1f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fit", action="store_true", help="time against bytes instead of the 8B shapes")
+    ap.add_argument("--side-by-side", action="store_true", help="two GEMV chains on one stream and on two")
     ap.add_argument("--only", default="", help="the 8B shapes to try, comma-separated (default: all)")
     ap.add_argument("--paths", default=",".join(PATHS), help="the weight paths to try, comma-separated")
     ap.add_argument("--timeline", action="store_true", help="stamp each program of a chain of layers' GEMVs")
@@ -287,7 +331,12 @@ def main() -> None:
         layer = tuple((a, b, int(w), int(sp), sub == "1", rot == "1") for a, b, w, sp, sub, rot in specs) or LAYER
         timeline(res, layer)
     else:
-        fit(res) if args.fit else shapes(res, args.only, tuple(args.paths.split(",")))
+        if args.side_by_side:
+            side_by_side(res)
+        elif args.fit:
+            fit(res)
+        else:
+            shapes(res, args.only, tuple(args.paths.split(",")))
     with open(args.json, "w") as f:
         json.dump(res, f, indent=1)
     print(f"wrote {args.json}")
