@@ -36,6 +36,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 BYTES_A_STEP = 128
 """Packed bytes a row and step: one group of 128 columns of each half (the probe takes group 128 only)."""
 STEP = gl.constexpr(BYTES_A_STEP)
+X_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+"""x's pairs in shared memory: plain rows, no swizzle (each lane reads its own 64 bytes)."""
 
 
 def _mma_asm(sub: bool) -> str:
@@ -123,14 +125,13 @@ def _wide(lo, hi):
 
 
 @gluon.jit
-def _x_fragments(x_ptr, k_lo, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WARPS: gl.constexpr):
-    """x's B pairs over a program's K range, once, in shared memory: ``(ab, cd)``, each viewed ``(steps, 1, 32)``.
+def _x_pairs(x_ptr, k_lo, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WARPS: gl.constexpr):
+    """x's B pairs over a program's K range, ``(ab, cd)``, each ``(NSTEP_P, 32)`` int64: a step's words in a row.
 
     Word ``c`` of a step: ``ab = ((x[4c], x[4c+2]), (x[4c+1], x[4c+3]))`` and ``cd`` the same of the
-    high half divided by 16. Each warp makes whole steps; a step's row is indexed out in the loop.
+    high half divided by 16. Each warp makes whole steps.
     """
     PRE: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [WARPS, 1], [1, 0])  # (NSTEP_P, 32)
-    SM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     ps = gl.arange(0, NSTEP_P, layout=gl.SliceLayout(1, PRE))
     pw = gl.arange(0, 32, layout=gl.SliceLayout(0, PRE))
     c = k_lo + gl.expand_dims(ps, 1) * STEP + gl.expand_dims(pw, 0) * 4  # a word's first column
@@ -143,14 +144,22 @@ def _x_fragments(x_ptr, k_lo, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WA
     b1 = gl.load(x_ptr + K2 + c + 1, mask=m, other=0.0).to(gl.float32) * 0.0625
     b2 = gl.load(x_ptr + K2 + c + 2, mask=m, other=0.0).to(gl.float32) * 0.0625
     b3 = gl.load(x_ptr + K2 + c + 3, mask=m, other=0.0).to(gl.float32) * 0.0625
-    ab = _wide(_pair(a0, a2), _pair(a1, a3))
-    cd = _wide(_pair(b0, b2), _pair(b1, b3))
-    # allocated (steps, 32), read through a (steps, 1, 32) view whose index is a (1, 32) row
-    ab_s = gl.allocate_shared_memory(gl.int64, [NSTEP_P, 32], SM, ab)
-    cd_s = gl.allocate_shared_memory(gl.int64, [NSTEP_P, 32], SM, cd)
-    ab_v = ab_s._reinterpret(gl.int64, [NSTEP_P, 1, 32], SM)
-    cd_v = cd_s._reinterpret(gl.int64, [NSTEP_P, 1, 32], SM)
-    return ab_v, cd_v
+    return _wide(_pair(a0, a2), _pair(a1, a3)), _wide(_pair(b0, b2), _pair(b1, b3))
+
+
+@gluon.jit
+def _step_view(buf, NSTEP_P: gl.constexpr):
+    """A ``(steps, 32)`` buffer in shared memory viewed ``(steps, 1, 32)``, so that ``.index(step)`` is a ``(1, 32)`` row."""
+    return buf._reinterpret(gl.int64, [NSTEP_P, 1, 32], X_SMEM)
+
+
+@gluon.jit
+def _x_fragments(x_ptr, k_lo, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WARPS: gl.constexpr):
+    """``_x_pairs`` into shared memory, once a program: ``(ab, cd)`` viewed ``(steps, 1, 32)`` (``_step_view``)."""
+    ab, cd = _x_pairs(x_ptr, k_lo, K2, NSTEP, NSTEP_P, WARPS)
+    ab_s = gl.allocate_shared_memory(gl.int64, [NSTEP_P, 32], X_SMEM, ab)
+    cd_s = gl.allocate_shared_memory(gl.int64, [NSTEP_P, 32], X_SMEM, cd)
+    return _step_view(ab_s, NSTEP_P), _step_view(cd_s, NSTEP_P)
 
 
 @gluon.jit
