@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from triton.experimental import gluon
@@ -40,6 +40,9 @@ from bench.gpu_decoder import QLinear
 from bench.probe_int4_mma_kernels import STEP, X_SMEM, _group_scales, _step, _step_view, _x_pairs
 from kernels import reference
 from kernels.int4_matmul import int4_matmul
+
+if TYPE_CHECKING:
+    from bench.probe_int4_mma import Weight
 
 
 @gluon.jit
@@ -125,7 +128,16 @@ def _chain_kernel(
         gl.atomic_add(cnt_ptr + i, 1, sem="release")
 
 
-Weight = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+def check_resident(smem_bytes: int, per_sm: int) -> None:
+    """Raise unless ``per_sm`` programs of ``smem_bytes`` shared memory fit a multiprocessor together.
+
+    The persistent kernels' programs wait on each other: one not resident never runs, and the rest
+    spin forever (a launch with 2 x 128 KB a multiprocessor on the H100 hung so).
+    """
+    props = torch.cuda.get_device_properties(0)
+    per_mp = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    if per_sm * (smem_bytes + 1024) > per_mp:  # 1 KB a block the hardware keeps for itself
+        raise ValueError(f"{per_sm} programs of {smem_bytes} B shared memory do not fit a multiprocessor's {per_mp} B")
 
 
 def main() -> None:
@@ -182,6 +194,7 @@ def main() -> None:
     steps = k // 2 // STEP.value
     res["chain"] = {}
     for stages in (int(s) for s in args.stages.split(",")):
+        check_resident(stages * rows * STEP.value + 2 * steps * 32 * 8, args.per_sm)
         lay = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
         desc = TensorDescriptor.from_tensor(words, [rows, 32], lay)
         yc = torch.empty(links, n, device="cuda", dtype=torch.bfloat16)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from triton.experimental import gluon
@@ -34,10 +34,13 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from bench.engine_gpu import SHAPES, graph_time_ms
 from bench.gpu_decoder import QLinear
-from bench.probe_int4_chain import _spin_until
+from bench.probe_int4_chain import _spin_until, check_resident
 from bench.probe_int4_mma_kernels import STEP, X_SMEM, _group_scales, _step, _step_view, _x_pairs
 from kernels import reference
 from kernels.int4_matmul import int4_matmul
+
+if TYPE_CHECKING:
+    from bench.probe_int4_mma import Weight
 
 KINDS = ("qkv", "o", "gate_up", "down")
 
@@ -78,39 +81,37 @@ def _unit_shape(kind, SP0: gl.constexpr, SP1: gl.constexpr, SP2: gl.constexpr, S
 
 
 @gluon.jit
-def _issue(d0, d1, d2, d3, bars, bufs, t, g, s, TL: gl.constexpr, U0: gl.constexpr, U1: gl.constexpr, U2: gl.constexpr,
-           SP0: gl.constexpr, SP1: gl.constexpr, SP2: gl.constexpr, SP3: gl.constexpr,
-           US0: gl.constexpr, US1: gl.constexpr, US2: gl.constexpr, US3: gl.constexpr,
-           N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
-    """Ask TMA for step ``s`` of global unit ``g`` into the ring's stage for sequence number ``t``."""
+def _unit_info(g, TL: gl.constexpr, U0: gl.constexpr, U1: gl.constexpr, U2: gl.constexpr,
+               SP0: gl.constexpr, SP1: gl.constexpr, SP2: gl.constexpr, SP3: gl.constexpr,
+               US0: gl.constexpr, US1: gl.constexpr, US2: gl.constexpr, US3: gl.constexpr,
+               N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr, ROWS: gl.constexpr):  # fmt: skip
+    """Global unit ``g``'s kind, first weight row in its stacked tensor, first word column and steps: once a unit."""
     layer = g // TL
     kind, unit = _kind_of(g % TL, U0, U1, U2)
     sp, us = _unit_shape(kind, SP0, SP1, SP2, SP3, US0, US1, US2, US3)
-    row = (unit // sp) * ROWS
-    col = ((unit % sp) * us + s) * 32
-    st = t % STAGES
-    mbarrier.expect(bars.index(st), ROWS * STEP)
+    n = kind * 0 + N3
     if kind == 0:
-        tma.async_copy_global_to_shared(d0, [layer * N0 + row, col], bars.index(st), bufs.index(st))
+        n = n * 0 + N0
     elif kind == 1:
-        tma.async_copy_global_to_shared(d1, [layer * N1 + row, col], bars.index(st), bufs.index(st))
+        n = n * 0 + N1
     elif kind == 2:
-        tma.async_copy_global_to_shared(d2, [layer * N2 + row, col], bars.index(st), bufs.index(st))
-    else:
-        tma.async_copy_global_to_shared(d3, [layer * N3 + row, col], bars.index(st), bufs.index(st))
+        n = n * 0 + N2
+    return kind, layer * n + (unit // sp) * ROWS, (unit % sp) * us * 32, us
 
 
 @gluon.jit
-def _advance(g, s, P, TL: gl.constexpr, U0: gl.constexpr, U1: gl.constexpr, U2: gl.constexpr,
-             US0: gl.constexpr, US1: gl.constexpr, US2: gl.constexpr, US3: gl.constexpr):  # fmt: skip
-    """The step after step ``s`` of global unit ``g`` in a program's sequence (its next unit is ``g + P``)."""
-    kind, _ = _kind_of(g % TL, U0, U1, U2)
-    _, us = _unit_shape(kind, 1, 1, 1, 1, US0, US1, US2, US3)
-    s = s + 1
-    if s == us:
-        s = s * 0
-        g = g + P
-    return g, s
+def _issue(d0, d1, d2, d3, bars, bufs, t, kind, row, col, ROWS: gl.constexpr, STAGES: gl.constexpr):
+    """Ask TMA for the weight tile at (``row``, ``col``) of ``kind``'s stacked weights into the stage for sequence number ``t``."""
+    st = t % STAGES
+    mbarrier.expect(bars.index(st), ROWS * STEP)
+    if kind == 0:
+        tma.async_copy_global_to_shared(d0, [row, col], bars.index(st), bufs.index(st))
+    elif kind == 1:
+        tma.async_copy_global_to_shared(d1, [row, col], bars.index(st), bufs.index(st))
+    elif kind == 2:
+        tma.async_copy_global_to_shared(d2, [row, col], bars.index(st), bufs.index(st))
+    else:
+        tma.async_copy_global_to_shared(d3, [row, col], bars.index(st), bufs.index(st))
 
 
 @gluon.jit
@@ -194,12 +195,18 @@ def _layers_kernel(
     for j in gl.static_range(STAGES):
         mbarrier.init(bars.index(j), count=1)
     # the producer's cursor: global tile pg, step ps; the first STAGES steps asked for at once
+    # the producer's cursor: unit pg (its kind, row, first column and steps), step ps
     pg = pid
     ps = pid * 0
+    pk, prow, pcol, pus = _unit_info(pg, TL, U0, U1, U2, SP0, SP1, SP2, SP3, US0, US1, US2, US3, N0, N1, N2, N3, ROWS)  # fmt: skip
     for j in gl.static_range(STAGES):
         if pg < G:
-            _issue(d0, d1, d2, d3, bars, bufs, j, pg, ps, TL, U0, U1, U2, SP0, SP1, SP2, SP3, US0, US1, US2, US3, N0, N1, N2, N3, ROWS, STAGES)  # fmt: skip
-            pg, ps = _advance(pg, ps, P, TL, U0, U1, U2, US0, US1, US2, US3)
+            _issue(d0, d1, d2, d3, bars, bufs, j, pk, prow, pcol + ps * 32, ROWS, STAGES)
+            ps += 1
+            if ps == pus:
+                pg += P
+                ps = ps * 0
+                pk, prow, pcol, pus = _unit_info(pg, TL, U0, U1, U2, SP0, SP1, SP2, SP3, US0, US1, US2, US3, N0, N1, N2, N3, ROWS)  # fmt: skip
     t = pid * 0  # this program's step sequence number (its ring position)
     last = pid * 0 - 1
     d = gl.arange(0, X, layout=gl.SliceLayout(1, BL))
@@ -277,9 +284,13 @@ def _layers_kernel(
             wt = bufs.index(st).slice(0, X).load(BL)
             wb = bufs.index(st).slice(X, X).load(BL)
             gl.thread_barrier()  # every lane has read the stage before it is refilled
-            if pg < G:  # the ring runs on, into the next tiles' weights whatever GEMV or layer they are
-                _issue(d0, d1, d2, d3, bars, bufs, t + STAGES, pg, ps, TL, U0, U1, U2, SP0, SP1, SP2, SP3, US0, US1, US2, US3, N0, N1, N2, N3, ROWS, STAGES)  # fmt: skip
-                pg, ps = _advance(pg, ps, P, TL, U0, U1, U2, US0, US1, US2, US3)
+            if pg < G:  # the ring runs on, into the next units' weights whatever GEMV or layer they are
+                _issue(d0, d1, d2, d3, bars, bufs, t + STAGES, pk, prow, pcol + ps * 32, ROWS, STAGES)
+                ps += 1
+                if ps == pus:
+                    pg += P
+                    ps = ps * 0
+                    pk, prow, pcol, pus = _unit_info(pg, TL, U0, U1, U2, SP0, SP1, SP2, SP3, US0, US1, US2, US3, N0, N1, N2, N3, ROWS)  # fmt: skip
             csc = sc
             more = s + 1 < us
             sc = _group_scales(sb, zb, top, bot, 2 * ns, s_lo + s + 1, ns, tmask & more, bmask & more)
@@ -296,9 +307,6 @@ def _layers_kernel(
         if done > 0:
             gl.thread_barrier()  # every lane's stores of y before the release
             gl.atomic_add(cnt_ptr + link, 1, sem="release")
-
-
-Weight = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def main() -> None:
@@ -368,6 +376,7 @@ def main() -> None:
     programs = torch.cuda.get_device_properties(0).multi_processor_count * args.per_sm
     res["persistent"] = {}
     for stages in (int(s) for s in args.stages.split(",")):
+        check_resident(stages * rows * STEP.value + 2 * 64 * 32 * 8, args.per_sm)  # the ring and x's pairs
 
         def persistent(stages: int = stages) -> None:
             cnt.zero_()
