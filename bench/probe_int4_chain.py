@@ -37,7 +37,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from bench.engine_gpu import graph_time_ms
 from bench.gpu_decoder import QLinear
-from bench.probe_int4_mma_kernels import STEP, X_SMEM, _group_scales, _step, _step_view, _x_pairs
+from bench.probe_int4_mma_kernels import STEP, X_SMEM, _group_scales, _ring_take, _step, _step_view, _x_pairs
 from kernels import reference
 from kernels.int4_matmul import int4_matmul
 
@@ -103,11 +103,8 @@ def _chain_kernel(
         acc = gl.zeros([X, 32], gl.float32, BL)
         for s in range(NSTEP):
             t = i * NSTEP + s  # this program's tile number
+            wt, wb = _ring_take(bufs, bars, t, X, BL, STAGES)
             st = t % STAGES
-            mbarrier.wait(bars.index(st), (t // STAGES) & 1)
-            wt = bufs.index(st).slice(0, X).load(BL)
-            wb = bufs.index(st).slice(X, X).load(BL)
-            gl.thread_barrier()  # every lane has read the stage before it is refilled
             nj = t + STAGES
             if nj < total:  # the ring runs on, into the next GEMV's weights if need be
                 mbarrier.expect(bars.index(st), 2 * X * STEP)

@@ -163,6 +163,20 @@ def _x_fragments(x_ptr, k_lo, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WA
 
 
 @gluon.jit
+def _ring_take(bufs, bars, t, X: gl.constexpr, BL: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for the TMA ring's stage of sequence number ``t`` and read its top and bottom rows (``X`` each) in ``BL``.
+
+    The stage may be refilled once this returns: every lane has read it.
+    """
+    st = t % STAGES
+    mbarrier.wait(bars.index(st), (t // STAGES) & 1)
+    wt = bufs.index(st).slice(0, X).load(BL)
+    wb = bufs.index(st).slice(X, X).load(BL)
+    gl.thread_barrier()
+    return wt, wb
+
+
+@gluon.jit
 def _group_scales(s_ptr, z_ptr, top, bot, ss_n, g, hi_groups, tmask, bmask):
     """The step's scales and zeros of group ``g``: top and bottom rows, low and high halves (8 tensors)."""
     st = s_ptr + top * ss_n + g
@@ -332,11 +346,8 @@ def _tma_kernel(
     gl.thread_barrier()
     acc = gl.zeros([X, 32], gl.float32, BL)
     for s in range(NSTEP):
+        wt, wb = _ring_take(bufs, bars, s, X, BL, STAGES)
         st = s % STAGES
-        mbarrier.wait(bars.index(st), (s // STAGES) & 1)
-        wt = bufs.index(st).slice(0, X).load(BL)
-        wb = bufs.index(st).slice(X, X).load(BL)
-        gl.thread_barrier()  # every lane has read the stage before it is refilled
         if s + STAGES < NSTEP:
             mbarrier.expect(bars.index(st), 2 * X * STEP)
             tma.async_copy_global_to_shared(
