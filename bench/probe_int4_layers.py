@@ -35,7 +35,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from bench.engine_gpu import SHAPES, graph_time_ms
 from bench.gpu_decoder import QLinear
 from bench.probe_int4_chain import _spin_until, check_resident
-from bench.probe_int4_mma_kernels import STEP, X_SMEM, _group_scales, _step, _step_view, _x_pairs
+from bench.probe_int4_mma_kernels import STEP, X_SMEM, _group_scales, _pair, _step, _step_view, _wide, _x_pairs
 from kernels import reference
 from kernels.int4_matmul import int4_matmul
 
@@ -146,14 +146,39 @@ def _finish_unit(acc, pos, top, bot, yb, part_ptr, arr_ptr, rowtile, slice_, N, 
 
 
 @gluon.jit
+def _emit_pairs(yb, rowtile, ab_ptr, cd_ptr, K2N, ROWS: gl.constexpr, WARPS: gl.constexpr):
+    """The next GEMV's x pairs of this row tile's outputs (just written to ``yb``), to ``ab`` or ``cd`` in global memory.
+
+    Rows ``r`` of this GEMV are columns ``r`` of the next one's x (K = 2 ``K2N``; rows past it are
+    not): the low half's become ``ab`` words, the high half's ``cd`` words, as ``_x_pairs`` makes them.
+    A row tile never straddles the halves (``ROWS`` divides ``K2N``).
+    """
+    PL: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    c0 = rowtile * ROWS
+    col = c0 + 4 * gl.arange(0, ROWS // 4, layout=PL)  # a word's first column
+    if c0 < 2 * K2N:
+        v0 = gl.load(yb + col).to(gl.float32)
+        v1 = gl.load(yb + col + 1).to(gl.float32)
+        v2 = gl.load(yb + col + 2).to(gl.float32)
+        v3 = gl.load(yb + col + 3).to(gl.float32)
+        if c0 < K2N:
+            gl.store(ab_ptr + col // 4, _wide(_pair(v0, v2), _pair(v1, v3)))
+        else:
+            q = 0.0625
+            gl.store(cd_ptr + (col - K2N) // 4, _wide(_pair(v0 * q, v2 * q), _pair(v1 * q, v3 * q)))
+
+
+@gluon.jit
 def _layers_kernel(
     d0, d1, d2, d3, s0, z0, s1, z1, s2, z2, s3, z3, x_ptr, y0, y1, y2, y3, p0, p1, p2, p3, a0, a1, a2, a3, cnt_ptr, LAYERS,
+    xab, xcd, ab0, cd0, ab1, cd1, ab2, cd2, ab3, cd3,  # x pairs: the first qkv's (xab, xcd), then each GEMV's output's
     N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr,  # rows of qkv, o, gate_up, down
     B0: gl.constexpr, B1: gl.constexpr, B2: gl.constexpr, B3: gl.constexpr,  # their packed bytes a row (K / 2)
     SP0: gl.constexpr, SP1: gl.constexpr, SP2: gl.constexpr, SP3: gl.constexpr,  # their K slices (split K)
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     SUB: gl.constexpr,
+    BY_PRODUCER: gl.constexpr = False,  # x pairs made once by the row tile that finishes an output, not by every program
 ):  # fmt: skip
     """``LAYERS`` x (qkv, o, gate_up, down); outputs ``y_k`` (LAYERS, N_k); ``cnt`` (4 LAYERS,) zeros at launch.
 
@@ -194,7 +219,6 @@ def _layers_kernel(
     cd_v = _step_view(cd_s, XP)
     for j in gl.static_range(STAGES):
         mbarrier.init(bars.index(j), count=1)
-    # the producer's cursor: global tile pg, step ps; the first STAGES steps asked for at once
     # the producer's cursor: unit pg (its kind, row, first column and steps), step ps
     pg = pid
     ps = pid * 0
@@ -226,28 +250,44 @@ def _layers_kernel(
                 elif kind == 3:
                     before = before * 0 + T2
                 _spin_until(cnt_ptr + link - 1, before)
-            gl.thread_barrier()  # every lane is done with the last GEMV's pairs
-            if kind == 0:
-                xp = x_ptr
-                if layer > 0:
-                    xp = y3 + (layer - 1) * N3
-                ab0, cd0 = _x_pairs(xp, 0, B0, NS0, NS0, WARPS)
-                ab_s.slice(0, NS0).store(ab0)
-                cd_s.slice(0, NS0).store(cd0)
-            elif kind == 1:
-                ab1, cd1 = _x_pairs(y0 + layer * N0, 0, B1, NS1, NS1, WARPS)
-                ab_s.slice(0, NS1).store(ab1)
-                cd_s.slice(0, NS1).store(cd1)
-            elif kind == 2:
-                ab2, cd2 = _x_pairs(y1 + layer * N1, 0, B2, NS2, NS2, WARPS)
-                ab_s.slice(0, NS2).store(ab2)
-                cd_s.slice(0, NS2).store(cd2)
-            else:
-                ab3, cd3 = _x_pairs(y2 + layer * N2, 0, B3, NS3, XP, WARPS)
-                ab_s.store(ab3)
-                cd_s.store(cd3)
-            gl.thread_barrier()
+            if not BY_PRODUCER:  # every program makes the pairs of the whole x
+                gl.thread_barrier()  # every lane is done with the last GEMV's pairs
+                if kind == 0:
+                    xp = x_ptr
+                    if layer > 0:
+                        xp = y3 + (layer - 1) * N3
+                    ab0_, cd0_ = _x_pairs(xp, 0, B0, NS0, NS0, WARPS)
+                    ab_s.slice(0, NS0).store(ab0_)
+                    cd_s.slice(0, NS0).store(cd0_)
+                elif kind == 1:
+                    ab1_, cd1_ = _x_pairs(y0 + layer * N0, 0, B1, NS1, NS1, WARPS)
+                    ab_s.slice(0, NS1).store(ab1_)
+                    cd_s.slice(0, NS1).store(cd1_)
+                elif kind == 2:
+                    ab2_, cd2_ = _x_pairs(y1 + layer * N1, 0, B2, NS2, NS2, WARPS)
+                    ab_s.slice(0, NS2).store(ab2_)
+                    cd_s.slice(0, NS2).store(cd2_)
+                else:
+                    ab3_, cd3_ = _x_pairs(y2 + layer * N2, 0, B3, NS3, XP, WARPS)
+                    ab_s.store(ab3_)
+                    cd_s.store(cd3_)
+                gl.thread_barrier()
             last = link
+        # where this GEMV's x pairs are (BY_PRODUCER): written by the GEMV before's finishing row tiles
+        xa = ab3
+        xc = cd3
+        if kind == 0 and layer == 0:
+            xa = xab
+            xc = xcd
+        elif kind == 1:
+            xa = ab0
+            xc = cd0
+        elif kind == 2:
+            xa = ab1
+            xc = cd1
+        elif kind == 3:
+            xa = ab2
+            xc = cd2
         # this GEMV's scales, output, and this unit's row tile and K slice
         sb = s3 + layer * N3 * (2 * NS3)
         zb = z3 + layer * N3 * (2 * NS3)
@@ -277,6 +317,9 @@ def _layers_kernel(
         tmask = top >= 0
         bmask = bot >= 0
         sc = _group_scales(sb, zb, top, bot, 2 * ns, s_lo, ns, tmask, bmask)
+        if BY_PRODUCER:
+            pxa = gl.load(xa + s_lo * 32 + cols)  # (1, 32) int64: this step's x pairs, a step ahead
+            pxc = gl.load(xc + s_lo * 32 + cols)
         acc = gl.zeros([X, 32], gl.float32, BL)
         for s in range(us):
             st = t % STAGES
@@ -294,7 +337,14 @@ def _layers_kernel(
             csc = sc
             more = s + 1 < us
             sc = _group_scales(sb, zb, top, bot, 2 * ns, s_lo + s + 1, ns, tmask & more, bmask & more)
-            acc += _step(wt, wb, ab_v.index(s_lo + s).load(BL), cd_v.index(s_lo + s).load(BL), csc, SUB)
+            if BY_PRODUCER:
+                cxa, cxc = pxa, pxc
+                nxt = (s_lo + s + 1) * 32 + cols
+                pxa = gl.load(xa + nxt, mask=more & (cols >= 0), other=0)
+                pxc = gl.load(xc + nxt, mask=more & (cols >= 0), other=0)
+                acc += _step(wt, wb, cxa, cxc, csc, SUB)
+            else:
+                acc += _step(wt, wb, ab_v.index(s_lo + s).load(BL), cd_v.index(s_lo + s).load(BL), csc, SUB)
             t += 1
         if kind == 0:
             done = _finish_unit(acc, pos, top, bot, yb, p0, a0, rowtile, slice_, N0, SP0)
@@ -305,8 +355,34 @@ def _layers_kernel(
         else:
             done = _finish_unit(acc, pos, top, bot, yb, p3, a3, rowtile, slice_, N3, SP3)
         if done > 0:
-            gl.thread_barrier()  # every lane's stores of y before the release
+            gl.thread_barrier()  # every lane's stores of y before the release (and before the pairs read them)
+            if BY_PRODUCER:
+                if kind == 0:
+                    _emit_pairs(yb, rowtile, ab0, cd0, B1, ROWS, WARPS)
+                elif kind == 1:
+                    _emit_pairs(yb, rowtile, ab1, cd1, B2, ROWS, WARPS)
+                elif kind == 2:
+                    _emit_pairs(yb, rowtile, ab2, cd2, B3, ROWS, WARPS)
+                else:
+                    _emit_pairs(yb, rowtile, ab3, cd3, B0, ROWS, WARPS)
+                gl.thread_barrier()
             gl.atomic_add(cnt_ptr + link, 1, sem="release")
+
+
+def _pairs_of(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_x_pairs`` of a (K,) vector on the host: the first qkv's x pairs, as an output's finishing row tiles make the rest."""
+    xf = x.float()
+    k2 = xf.numel() // 2
+
+    def half(t: torch.Tensor) -> torch.Tensor:
+        return t.half().view(torch.int16).to(torch.int64) & 0xFFFF
+
+    def pack(v: torch.Tensor) -> torch.Tensor:  # (words, 4) -> ((v0, v2), (v1, v3)) as one int64 a word
+        a = half(v[:, 0]) | (half(v[:, 2]) << 16)
+        b = half(v[:, 1]) | (half(v[:, 3]) << 16)
+        return a | (b << 32)
+
+    return pack(xf[:k2].view(-1, 4)), pack((xf[k2:] * 0.0625).view(-1, 4))
 
 
 def main() -> None:
@@ -316,6 +392,9 @@ def main() -> None:
     ap.add_argument("--stages", default="8,16")
     ap.add_argument("--per-sm", type=int, default=1, help="programs a multiprocessor (all must be resident)")
     ap.add_argument("--splits", default="2,2,1,8", help="K slices of qkv, o, gate_up, down")
+    ap.add_argument(
+        "--pairs", default="program,producer", help="who makes x's pairs: every program, or the finishing row tiles"
+    )
     ap.add_argument("--sub", type=int, default=0, help="1: q - 8 in fp16; 0: 1024 + q, the offset out in fp32")
     ap.add_argument("--json", default="bench/results/probe_int4_layers.json")
     args = ap.parse_args()
@@ -375,25 +454,29 @@ def main() -> None:
     arrivals = [torch.zeros(dims[name][0] // rows, device="cuda", dtype=torch.int32) for name in KINDS]
     programs = torch.cuda.get_device_properties(0).multi_processor_count * args.per_sm
     res["persistent"] = {}
+    x_ab, x_cd = _pairs_of(x0[0])
+    next_k2 = {"qkv": dims["o"][1] // 2, "o": dims["gate_up"][1] // 2, "gate_up": dims["down"][1] // 2, "down": dims["qkv"][1] // 2}  # fmt: skip
+    out_pairs = [torch.zeros(next_k2[name] // 4, device="cuda", dtype=torch.int64) for name in KINDS for _ in range(2)]
     for stages in (int(s) for s in args.stages.split(",")):
         check_resident(stages * rows * STEP.value + 2 * 64 * 32 * 8, args.per_sm)  # the ring and x's pairs
+        for who in args.pairs.split(","):
 
-        def persistent(stages: int = stages) -> None:
-            cnt.zero_()
-            _layers_kernel[(programs,)](
-                *descs, *sz, x0, *(ys[name] for name in KINDS), *parts, *arrivals, cnt, layers,
-                *(dims[name][0] for name in KINDS), *(dims[name][1] // 2 for name in KINDS), *splits,
-                WARPS=args.warps, STAGES=stages, SUB=bool(args.sub), num_warps=args.warps,
-            )  # fmt: skip
+            def persistent(stages: int = stages, who: str = who) -> None:
+                cnt.zero_()
+                _layers_kernel[(programs,)](
+                    *descs, *sz, x0, *(ys[name] for name in KINDS), *parts, *arrivals, cnt, layers,
+                    x_ab, x_cd, *out_pairs,
+                    *(dims[name][0] for name in KINDS), *(dims[name][1] // 2 for name in KINDS), *splits,
+                    WARPS=args.warps, STAGES=stages, SUB=bool(args.sub), BY_PRODUCER=who == "producer",
+                    num_warps=args.warps,
+                )  # fmt: skip
 
-        persistent()
-        torch.cuda.synchronize()
-        err = errors(ys, [0, layers // 2, layers - 1])
-        us = [graph_time_ms(persistent) * 1e3 for _ in range(3)]
-        res["persistent"][stages] = {"err_max": err, "us": us}
-        print(
-            f"persistent, {stages} stages: {us} us ({us[-1] / layers:.1f} a layer), max rel err {err:.2e}", flush=True
-        )
+            persistent()
+            torch.cuda.synchronize()
+            err = errors(ys, [0, layers // 2, layers - 1])
+            us = [graph_time_ms(persistent) * 1e3 for _ in range(3)]
+            res["persistent"][f"{who}, {stages} stages"] = {"err_max": err, "us": us}
+            print(f"persistent, pairs by {who}, {stages} stages: {us} us ({us[-1] / layers:.1f} a layer), max rel err {err:.2e}", flush=True)  # fmt: skip
     res["library_us_after"] = [graph_time_ms(library) * 1e3 for _ in range(2)]
     print(f"library again: {res['library_us_after']} ({res['library_us_after'][-1] / layers:.1f} a layer)")
     with open(args.json, "w") as f:
