@@ -392,9 +392,7 @@ def main() -> None:
     ap.add_argument("--stages", default="8,16")
     ap.add_argument("--per-sm", type=int, default=1, help="programs a multiprocessor (all must be resident)")
     ap.add_argument("--splits", default="2,2,1,8", help="K slices of qkv, o, gate_up, down")
-    ap.add_argument(
-        "--pairs", default="program,producer", help="who makes x's pairs: every program, or the finishing row tiles"
-    )
+    ap.add_argument("--pairs", default="program", help="who makes x's pairs: every program, or the finishing row tiles")
     ap.add_argument("--sub", type=int, default=0, help="1: q - 8 in fp16; 0: 1024 + q, the offset out in fp32")
     ap.add_argument("--json", default="bench/results/probe_int4_layers.json")
     args = ap.parse_args()
