@@ -385,6 +385,58 @@ def _pairs_of(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return pack(xf[:k2].view(-1, 4)), pack((xf[k2:] * 0.0625).view(-1, 4))
 
 
+class LayerChain:
+    """The probes' 32 layers of the 8B shape's four int4 GEMVs: weights, first input, the library's launches, the check.
+
+    Each GEMV's input is the one before's output cut to its K (o takes qkv's first 4,096, down
+    gate_up's first 14,336); ``library`` runs them as 128 ``int4_matmul`` launches into ``outs``.
+    """
+
+    def __init__(self, layers: int) -> None:
+        torch.manual_seed(0)
+        self.layers = layers
+        self.dims = {name: (n, k) for name, n, k in SHAPES["llama3-8b"].linear_dims()}
+        self.ws: dict[str, list[Weight]] = {}
+        for name in KINDS:
+            n, k = self.dims[name]
+            self.ws[name] = []
+            for _ in range(layers):  # std 1 / sqrt(K): the chain's values keep their size
+                w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
+                packed, scales, zeros = QLinear(w, "int4", 128).tensors
+                self.ws[name].append((packed, scales, zeros))
+        self.x0 = torch.randn(1, self.dims["qkv"][1], device="cuda", dtype=torch.bfloat16)
+        self.mb = sum(t.numel() * t.element_size() for name in KINDS for w in self.ws[name] for t in w) / 1e6
+        self.outs: list[torch.Tensor] = []
+
+    def cut(self, name: str) -> int:
+        """The K of GEMV ``name``: how much of the output before it is its input."""
+        return self.dims[name][1]
+
+    def library(self) -> None:
+        self.outs.clear()
+        x = self.x0
+        for i in range(self.layers):
+            for j, name in enumerate(KINDS):
+                self.outs.append(int4_matmul(x, *self.ws[name][i], 128))
+                x = self.outs[-1][:, : self.cut(KINDS[(j + 1) % 4])]
+
+    def library_outputs(self) -> dict[str, torch.Tensor]:
+        """``outs`` as ``(layers, N)`` a GEMV, the persistent kernels' output shape."""
+        return {name: torch.cat([self.outs[4 * i + j] for i in range(self.layers)]) for j, name in enumerate(KINDS)}
+
+    def errors(self, y: dict[str, torch.Tensor], check: list[int]) -> float:
+        """The worst relative error against ``kernels.reference`` of layers ``check``' GEMVs, each on the input it got."""
+        worst = 0.0
+        for i in check:
+            for j, name in enumerate(KINDS):
+                prev = KINDS[j - 1]
+                xin = self.x0 if (i == 0 and j == 0) else y[prev][i - (j == 0) : i - (j == 0) + 1, : self.cut(name)]
+                ref = reference.int4_matmul(xin.float(), *self.ws[name][i], 128)
+                got = y[name][i : i + 1].float()
+                worst = max(worst, float((got - ref).norm() / ref.norm()))
+        return worst
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=32)
@@ -396,48 +448,16 @@ def main() -> None:
     ap.add_argument("--sub", type=int, default=0, help="1: q - 8 in fp16; 0: 1024 + q, the offset out in fp32")
     ap.add_argument("--json", default="bench/results/probe_int4_layers.json")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    dims = {name: (n, k) for name, n, k in SHAPES["llama3-8b"].linear_dims()}
     layers = args.layers
-    ws: dict[str, list[Weight]] = {}
-    for name in KINDS:
-        n, k = dims[name]
-        ws[name] = []
-        for _ in range(layers):  # std 1 / sqrt(K): the chain's values keep their size
-            packed, scales, zeros = QLinear((torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16), "int4", 128).tensors  # fmt: skip
-            ws[name].append((packed, scales, zeros))
-    x0 = torch.randn(1, dims["qkv"][1], device="cuda", dtype=torch.bfloat16)
-    mb = sum(t.numel() * t.element_size() for name in KINDS for w in ws[name] for t in w) / 1e6
+    chain = LayerChain(layers)
+    dims, ws, x0, mb = chain.dims, chain.ws, chain.x0, chain.mb
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M")}
     res.update(
         {"layers": layers, "mb": mb, "streaming_us_at_3tbs": mb / 3.0, "warps": args.warps, "sub": bool(args.sub)}
     )
-    cut = {"qkv": dims["qkv"][1], "o": dims["o"][1], "gate_up": dims["gate_up"][1], "down": dims["down"][1]}
-    outs: list[torch.Tensor] = []
-
-    def library() -> None:
-        outs.clear()
-        x = x0
-        for i in range(layers):
-            for j, name in enumerate(KINDS):
-                outs.append(int4_matmul(x, *ws[name][i], 128))
-                x = outs[-1][:, : cut[KINDS[(j + 1) % 4]]]
-
-    def errors(y: dict[str, torch.Tensor], check: list[int]) -> float:
-        worst = 0.0
-        for i in check:
-            for j, name in enumerate(KINDS):
-                prev = KINDS[j - 1]
-                xin = x0 if (i == 0 and j == 0) else y[prev][i - (j == 0) : i - (j == 0) + 1, : cut[name]]
-                ref = reference.int4_matmul(xin.float(), *ws[name][i], 128)
-                got = y[name][i : i + 1].float()
-                worst = max(worst, float((got - ref).norm() / ref.norm()))
-        return worst
-
-    library()
-    lib_y = {name: torch.cat([outs[4 * i + j] for i in range(layers)]) for j, name in enumerate(KINDS)}
-    res["library_err_max"] = errors(lib_y, [0, layers // 2])
-    res["library_us"] = [graph_time_ms(library) * 1e3 for _ in range(3)]
+    chain.library()
+    res["library_err_max"] = chain.errors(chain.library_outputs(), [0, layers // 2])
+    res["library_us"] = [graph_time_ms(chain.library) * 1e3 for _ in range(3)]
     print(f"{layers} layers, {mb:.0f} MB, {mb / 3.0:.0f} us at 3 TB/s; library {res['library_us']} us", flush=True)
 
     rows = 16 * args.warps
@@ -471,11 +491,11 @@ def main() -> None:
 
             persistent()
             torch.cuda.synchronize()
-            err = errors(ys, [0, layers // 2, layers - 1])
+            err = chain.errors(ys, [0, layers // 2, layers - 1])
             us = [graph_time_ms(persistent) * 1e3 for _ in range(3)]
             res["persistent"][f"{who}, {stages} stages"] = {"err_max": err, "us": us}
             print(f"persistent, pairs by {who}, {stages} stages: {us} us ({us[-1] / layers:.1f} a layer), max rel err {err:.2e}", flush=True)  # fmt: skip
-    res["library_us_after"] = [graph_time_ms(library) * 1e3 for _ in range(2)]
+    res["library_us_after"] = [graph_time_ms(chain.library) * 1e3 for _ in range(2)]
     print(f"library again: {res['library_us_after']} ({res['library_us_after'][-1] / layers:.1f} a layer)")
     with open(args.json, "w") as f:
         json.dump(res, f, indent=1)

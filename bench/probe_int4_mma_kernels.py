@@ -196,15 +196,18 @@ def _group_scales(s_ptr, z_ptr, top, bot, ss_n, g, hi_groups, tmask, bmask):
 
 
 @gluon.jit
-def _step(wt, wb, ab, cd, sc, SUB: gl.constexpr):
-    """A step's ``[top, bottom, 0, 0]`` row sums a lane's vector (``_mma_asm``); ``sc`` from ``_group_scales``."""
+def _step(wt, wb, ab, cd, sc, SUB: gl.constexpr, AXIS: gl.constexpr = 1):
+    """A step's ``[top, bottom, 0, 0]`` row sums a lane's vector (``_mma_asm``); ``sc`` from ``_group_scales``.
+
+    The scales gain the words' axis ``AXIS`` (the last of the weights' tiles).
+    """
     slt, sht, slb, shb, zlt, zht, zlb, zhb = sc
     args = [
         wt, wb, ab, cd,
-        gl.expand_dims(slt.to(gl.float32), 1), gl.expand_dims(sht.to(gl.float32), 1),
-        gl.expand_dims(slb.to(gl.float32), 1), gl.expand_dims(shb.to(gl.float32), 1),
-        gl.expand_dims(zlt.to(gl.float32), 1), gl.expand_dims(zht.to(gl.float32) * 16.0, 1),
-        gl.expand_dims(zlb.to(gl.float32), 1), gl.expand_dims(zhb.to(gl.float32) * 16.0, 1),
+        gl.expand_dims(slt.to(gl.float32), AXIS), gl.expand_dims(sht.to(gl.float32), AXIS),
+        gl.expand_dims(slb.to(gl.float32), AXIS), gl.expand_dims(shb.to(gl.float32), AXIS),
+        gl.expand_dims(zlt.to(gl.float32), AXIS), gl.expand_dims(zht.to(gl.float32) * 16.0, AXIS),
+        gl.expand_dims(zlb.to(gl.float32), AXIS), gl.expand_dims(zhb.to(gl.float32) * 16.0, AXIS),
     ]  # fmt: skip
     asm: gl.constexpr = _ASM_SUB if SUB else _ASM_OFFSET
     return gl.inline_asm_elementwise(

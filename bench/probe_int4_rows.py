@@ -1,0 +1,422 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
+"""GPU probe: the 8B shape's four int4 GEMVs a layer in one persistent kernel, tiles of 16 rows whose K the warps share.
+
+``bench.probe_int4_layers`` dealt units (``16 WARPS`` rows by a K slice) round-robin and needed
+split K, because its warps each took their own rows: o and down have 4,096 rows, 32 such tiles at 8
+warps for 132 multiprocessors. It ran 1.26x slower than the launches. Here a tile is 16 rows (one
+``mma.sync.m16n8k16``'s A rows) over all of K, and a program's warps share each tile's K: at a
+ring stage warp ``w`` takes step ``i WARPS + w`` of the tile's row (a TMA box of 16 rows x 128
+bytes each), and the warps' sums meet once a tile. So every GEMV has 256 tiles or more (qkv 384, o
+256, gate_up 1,792, down 256), dealt round-robin to at most 256 programs: no split K, no partials,
+and no program more than one tile (3 %) over the mean. Each GEMV's x is the one before's output
+cut to its K, as in ``bench.probe_int4_layers`` (``LayerChain``), which also gives the library's
+128 launches, timed beside it, and the check against ``kernels.reference``.
+
+Two ways to launch: the 32 layers in one launch (the GEMVs wait on counters, the ring streams on
+into the next GEMV's weights), or one launch a layer with programmatic dependent launch, each
+launch asking for its first ring stages before its PDL wait (a layer's first GEMV then waits on the
+launch before, not on a counter): the form the engine would take, with attention between layers.
+
+    python -m bench.probe_int4_rows --json $OUT/probe_int4_rows.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from bench.engine_gpu import graph_time_ms
+from bench.probe_int4_chain import _spin_until, check_resident
+from bench.probe_int4_layers import KINDS, LayerChain
+from bench.probe_int4_mma_kernels import STEP, X_SMEM, _group_scales, _step, _x_pairs
+
+XP = gl.constexpr(64)
+"""x's pair rows in shared memory: the longest K's steps (down's 56), a power of two."""
+X_SMEM4 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+"""``X_SMEM`` viewed (stages, 1, warps, 32): a ring stage's x pairs, one step a warp."""
+
+
+@gluon.jit
+def _kind_consts(kind, T0: gl.constexpr, T1: gl.constexpr, T2: gl.constexpr, T3: gl.constexpr,
+                 S0: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, S3: gl.constexpr):  # fmt: skip
+    """GEMV ``kind``'s tiles and ring stages a tile (the producer's cursor runs over kinds at run time)."""
+    tiles = kind * 0 + T3
+    stages = kind * 0 + S3
+    if kind == 0:
+        tiles = tiles * 0 + T0
+        stages = stages * 0 + S0
+    elif kind == 1:
+        tiles = tiles * 0 + T1
+        stages = stages * 0 + S1
+    elif kind == 2:
+        tiles = tiles * 0 + T2
+        stages = stages * 0 + S2
+    return tiles, stages
+
+
+@gluon.jit
+def _advance(pl, pk, pt, pi, pid, P, T0: gl.constexpr, T1: gl.constexpr, T2: gl.constexpr, T3: gl.constexpr,
+             S0: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, S3: gl.constexpr):  # fmt: skip
+    """The producer's cursor one ring stage on: the tile's next stage, this program's next tile, or the next GEMV's first.
+
+    Every GEMV has at least as many tiles as there are programs (the launcher checks), so each
+    program has a first tile in each.
+    """
+    tiles, stages = _kind_consts(pk, T0, T1, T2, T3, S0, S1, S2, S3)
+    pi += 1
+    if pi == stages:
+        pi = pi * 0
+        pt += P
+        if pt >= tiles:
+            pt = pt * 0 + pid
+            pk += 1
+            if pk == 4:
+                pk = pk * 0
+                pl += 1
+    return pl, pk, pt, pi
+
+
+@gluon.jit
+def _rows_of(kind, N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr):
+    """GEMV ``kind``'s rows a layer (its stacked weights' rows a layer), or any other per-kind value."""
+    n = kind * 0 + N3
+    if kind == 0:
+        n = n * 0 + N0
+    elif kind == 1:
+        n = n * 0 + N1
+    elif kind == 2:
+        n = n * 0 + N2
+    return n
+
+
+@gluon.jit
+def _issue_sz(sd, zd, bar, scs, st, row, g, ns):
+    """A stage's scales and zeros by TMA: groups ``g .. g + WARPS`` of the low half and of the high half (``+ ns``)."""
+    tma.async_copy_global_to_shared(sd, [row, g], bar, scs.index(4 * st))
+    tma.async_copy_global_to_shared(sd, [row, g + ns], bar, scs.index(4 * st + 1))
+    tma.async_copy_global_to_shared(zd, [row, g], bar, scs.index(4 * st + 2))
+    tma.async_copy_global_to_shared(zd, [row, g + ns], bar, scs.index(4 * st + 3))
+
+
+@gluon.jit
+def _issue(d0, d1, d2, d3, sds, bars, bufs, scs, t, kind, row, stage, ns,
+           WARPS: gl.constexpr, STAGES: gl.constexpr, SC: gl.constexpr):  # fmt: skip
+    """Ask TMA for ring stage ``stage`` of the tile at ``row`` of ``kind``'s stacked weights: a (16 rows, WARPS steps, 32 words) box.
+
+    With ``SC`` the stage's scales and zeros come with it (``sds``: each kind's scale and zero
+    descriptors, boxes of 16 rows x WARPS groups); ``ns`` is the kind's steps a row.
+    """
+    st = t % STAGES
+    at = [row, stage * WARPS, 0]
+    bar = bars.index(st)
+    mbarrier.expect(bar, WARPS * 16 * STEP + SC * 4 * 16 * WARPS * 2)
+    sd0, zd0, sd1, zd1, sd2, zd2, sd3, zd3 = sds
+    g = stage * WARPS
+    if kind == 0:
+        tma.async_copy_global_to_shared(d0, at, bar, bufs.index(st))
+        if SC:
+            _issue_sz(sd0, zd0, bar, scs, st, row, g, ns)
+    elif kind == 1:
+        tma.async_copy_global_to_shared(d1, at, bar, bufs.index(st))
+        if SC:
+            _issue_sz(sd1, zd1, bar, scs, st, row, g, ns)
+    elif kind == 2:
+        tma.async_copy_global_to_shared(d2, at, bar, bufs.index(st))
+        if SC:
+            _issue_sz(sd2, zd2, bar, scs, st, row, g, ns)
+    else:
+        tma.async_copy_global_to_shared(d3, at, bar, bufs.index(st))
+        if SC:
+            _issue_sz(sd3, zd3, bar, scs, st, row, g, ns)
+
+
+@gluon.jit
+def _ring_scales(scs, st, L2: gl.constexpr):
+    """Stage ``st``'s scales and zeros from the ring, in ``_group_scales``' order, ``(8, WARPS)`` each."""
+    return (
+        scs.index(4 * st).slice(0, 8).load(L2),
+        scs.index(4 * st + 1).slice(0, 8).load(L2),
+        scs.index(4 * st).slice(8, 8).load(L2),
+        scs.index(4 * st + 1).slice(8, 8).load(L2),
+        scs.index(4 * st + 2).slice(0, 8).load(L2),
+        scs.index(4 * st + 3).slice(0, 8).load(L2),
+        scs.index(4 * st + 2).slice(8, 8).load(L2),
+        scs.index(4 * st + 3).slice(8, 8).load(L2),
+    )
+
+
+@gluon.jit
+def _scales(s_ptr, z_ptr, row0, stage, ss_n, NS: gl.constexpr, WARPS: gl.constexpr, L2: gl.constexpr, more):
+    """A ring stage's scales and zeros, ``(8, WARPS)`` each: warp ``w``'s group ``stage WARPS + w`` of rows ``row0 + i``, ``+ 8``."""
+    d = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(1, L2)), 1)  # (8, 1)
+    g = stage * WARPS + gl.expand_dims(gl.arange(0, WARPS, layout=gl.SliceLayout(0, L2)), 0)  # (1, WARPS)
+    top = row0 + d + g * 0  # (8, WARPS)
+    m = (top >= 0) & more
+    return _group_scales(s_ptr, z_ptr, top, top + 8, ss_n, g, NS, m, m)
+
+
+@gluon.jit
+def _gemv(
+    d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, t, pl, pk, pt, pi,
+    x_src, s_ptr, z_ptr, y_ptr, cnt_ptr, link, layer, layer_lo, LAYERS,
+    wait,  # spin on the GEMV before (not where a PDL wait at the launch's start covered it)
+    N: gl.constexpr, B: gl.constexpr,  # this GEMV's rows and packed bytes a row
+    T0: gl.constexpr, T1: gl.constexpr, T2: gl.constexpr, T3: gl.constexpr,
+    S0: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, S3: gl.constexpr,
+    N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr,
+    WARPS: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr, sums_s, DEFER: gl.constexpr, MAXT: gl.constexpr,
+    SC: gl.constexpr,
+):  # fmt: skip
+    """One GEMV of one layer: wait for its x, make x's pairs, run this program's tiles; returns the ring's state.
+
+    ``t`` is the consumer's ring sequence number; ``(pl, pk, pt, pi)`` the producer's cursor (layer
+    of the launch, kind, tile, stage), ``STAGES`` ahead, which each taken stage moves on by one.
+    """
+    BL: gl.constexpr = gl.BlockedLayout(
+        [1, 1, 4], [8, 1, 4], [1, WARPS, 1], [2, 1, 0]
+    )  # (8 rows, WARPS steps, 32 words)
+    L2: gl.constexpr = gl.SliceLayout(2, BL)
+    NS: gl.constexpr = B // STEP  # steps a row
+    SPT: gl.constexpr = NS // WARPS  # ring stages a tile
+    T: gl.constexpr = N // 16
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    s_l = s_ptr + layer * N * (2 * NS)
+    z_l = z_ptr + layer * N * (2 * NS)
+    mine = (T - pid + P - 1) // P  # this program's tiles: pid, pid + P, ...
+    if not SC:
+        sc = _scales(s_l, z_l, pid * 16, 0, 2 * NS, NS, WARPS, L2, True)  # no kernel writes them: before the wait
+    if wait:
+        _spin_until(cnt_ptr + link - 1, P)
+    ab, cd = _x_pairs(x_src, 0, B, NS, XP, WARPS)
+    gl.thread_barrier()  # every lane is done with the last GEMV's pairs (and sums)
+    ab_s.store(ab)
+    cd_s.store(cd)
+    gl.thread_barrier()
+    ab_v = ab_s._reinterpret(gl.int64, [XP // WARPS, 1, WARPS, 32], X_SMEM4)
+    cd_v = cd_s._reinterpret(gl.int64, [XP // WARPS, 1, WARPS, 32], X_SMEM4)
+    cols = gl.expand_dims(gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(0, BL))), 0), 0)
+    pos = cols % 4  # (1, 1, 32)
+    d = gl.arange(0, 8, layout=gl.SliceLayout(1, L2))
+    acc = gl.zeros([8, WARPS, 32], gl.float32, BL)
+    for j in range(mine * SPT):  # this program's (tile, stage) in order; scales a stage ahead across tiles
+        i = j % SPT
+        row0 = (pid + (j // SPT) * P) * 16
+        st = t % STAGES
+        mbarrier.wait(bars.index(st), (t // STAGES) & 1)
+        wt = bufs.index(st).slice(0, 8).load(BL)
+        wb = bufs.index(st).slice(8, 8).load(BL)
+        if SC:
+            sc = _ring_scales(scs, st, L2)
+        gl.thread_barrier()  # every lane has read the stage before it is refilled
+        if pl < LAYERS:  # the ring runs on, into the next tiles' weights whatever GEMV or layer they are
+            prow = (layer_lo + pl) * _rows_of(pk, N0, N1, N2, N3) + pt * 16
+            pns = _rows_of(pk, S0, S1, S2, S3) * WARPS
+            _issue(d0, d1, d2, d3, sds, bars, bufs, scs, t + STAGES, pk, prow, pi, pns, WARPS, STAGES, SC)
+            pl, pk, pt, pi = _advance(pl, pk, pt, pi, pid, P, T0, T1, T2, T3, S0, S1, S2, S3)
+        csc = sc
+        if not SC:
+            nj = j + 1
+            sc = _scales(s_l, z_l, (pid + (nj // SPT) * P) * 16, nj % SPT, 2 * NS, NS, WARPS, L2, nj < mine * SPT)
+        acc += _step(wt, wb, ab_v.index(i).load(BL), cd_v.index(i).load(BL), csc, SUB, 2)
+        t += 1
+        if i == SPT - 1:  # the tile's last stage: its rows' sums
+            tw = gl.sum(gl.where(pos == 0, acc, 0.0), axis=2) * 0.25  # (8, WARPS): each warp's K
+            bw = gl.sum(gl.where(pos == 1, acc, 0.0), axis=2) * 0.25
+            if DEFER:  # the warps' K met once a GEMV, from shared memory
+                sums_s.index(2 * (j // SPT)).store(tw)
+                sums_s.index(2 * (j // SPT) + 1).store(bw)
+            else:
+                yb = y_ptr + layer * N + row0
+                gl.store(yb + d, gl.sum(tw, axis=1).to(y_ptr.dtype.element_ty))
+                gl.store(yb + 8 + d, gl.sum(bw, axis=1).to(y_ptr.dtype.element_ty))
+            acc = gl.zeros([8, WARPS, 32], gl.float32, BL)
+    gl.thread_barrier()  # every lane's stores (to y, or of its sums) before the release (or the sum)
+    if DEFER:
+        SL: gl.constexpr = gl.BlockedLayout([1, WARPS], [32, 1], [WARPS, 1], [1, 0])  # (2 MAXT x 8 rows, WARPS)
+        f = gl.arange(0, 16 * MAXT, layout=gl.SliceLayout(1, SL))  # (tile j, top or bottom, row)
+        e = f // 8
+        rows = (pid + (e // 2) * P) * 16 + (e % 2) * 8 + f % 8
+        flat = sums_s._reinterpret(gl.float32, [16 * MAXT, WARPS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        y = gl.sum(flat.load(SL), axis=1)
+        gl.store(y_ptr + layer * N + rows, y.to(y_ptr.dtype.element_ty), mask=e // 2 < mine)
+        gl.thread_barrier()
+    gl.atomic_add(cnt_ptr + link, 1, sem="release")
+    return t, pl, pk, pt, pi
+
+
+@gluon.jit
+def _rows_kernel(
+    d0, d1, d2, d3, sd0, zd0, sd1, zd1, sd2, zd2, sd3, zd3, s0, z0, s1, z1, s2, z2, s3, z3, x_ptr, y0, y1, y2, y3, cnt_ptr, layer_lo, LAYERS,
+    N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr,  # rows of qkv, o, gate_up, down
+    B0: gl.constexpr, B1: gl.constexpr, B2: gl.constexpr, B3: gl.constexpr,  # their packed bytes a row (K / 2)
+    WARPS: gl.constexpr,
+    STAGES: gl.constexpr,
+    SUB: gl.constexpr,
+    PDL: gl.constexpr,  # launched a layer at a time with programmatic dependent launch
+    DEFER: gl.constexpr = False,  # the warps' sums of a tile met once a GEMV (else once a tile)
+    SC: gl.constexpr = False,  # scales and zeros through the ring with the weights (else loaded a stage ahead)
+):  # fmt: skip
+    """Layers ``layer_lo .. layer_lo + LAYERS - 1`` of (qkv, o, gate_up, down); outputs ``y_k`` (all layers, N_k).
+
+    ``cnt`` (4 x all layers,) zeros before the first launch: GEMV ``4 l + k`` counts the programs
+    done with it. Layer 0's qkv reads ``x``, every other GEMV the output before it.
+    """
+    gl.static_assert(N0 % 16 == 0 and N1 % 16 == 0 and N2 % 16 == 0 and N3 % 16 == 0)
+    NS0: gl.constexpr = B0 // STEP
+    NS1: gl.constexpr = B1 // STEP
+    NS2: gl.constexpr = B2 // STEP
+    NS3: gl.constexpr = B3 // STEP
+    gl.static_assert(NS0 % WARPS == 0 and NS1 % WARPS == 0 and NS2 % WARPS == 0 and NS3 % WARPS == 0)
+    gl.static_assert(NS0 <= XP and NS1 <= XP and NS2 <= XP and NS3 <= XP)
+    T0: gl.constexpr = N0 // 16
+    T1: gl.constexpr = N1 // 16
+    T2: gl.constexpr = N2 // 16
+    T3: gl.constexpr = N3 // 16
+    S0: gl.constexpr = NS0 // WARPS
+    S1: gl.constexpr = NS1 // WARPS
+    S2: gl.constexpr = NS2 // WARPS
+    S3: gl.constexpr = NS3 // WARPS
+    pid = gl.program_id(0)
+    bufs = gl.allocate_shared_memory(gl.int32, [STAGES, 16, WARPS, 32], d0.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ab_s = gl.allocate_shared_memory(gl.int64, [XP, 32], X_SMEM)
+    cd_s = gl.allocate_shared_memory(gl.int64, [XP, 32], X_SMEM)
+    MAXT: gl.constexpr = 16  # tiles a program in a GEMV, at most (gate_up's 1,792 over 132 programs: 14)
+    sums_s = gl.allocate_shared_memory(gl.float32, [2 * MAXT, 8, WARPS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    scs = gl.allocate_shared_memory(sd0.dtype, [4 * STAGES if SC else 4, 16, WARPS], sd0.layout)
+    sds = (sd0, zd0, sd1, zd1, sd2, zd2, sd3, zd3)
+    for j in gl.static_range(STAGES):
+        mbarrier.init(bars.index(j), count=1)
+    # the producer's cursor: layer of this launch, kind, tile, stage; its first STAGES before the PDL wait
+    pl = pid * 0
+    pk = pid * 0
+    pt = pid
+    pi = pid * 0
+    for j in gl.static_range(STAGES):
+        if pl < LAYERS:
+            prow = (layer_lo + pl) * _rows_of(pk, N0, N1, N2, N3) + pt * 16
+            pns = _rows_of(pk, S0, S1, S2, S3) * WARPS
+            _issue(d0, d1, d2, d3, sds, bars, bufs, scs, j, pk, prow, pi, pns, WARPS, STAGES, SC)
+            pl, pk, pt, pi = _advance(pl, pk, pt, pi, pid, gl.num_programs(0), T0, T1, T2, T3, S0, S1, S2, S3)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    t = pid * 0
+    for li in range(LAYERS):
+        layer = layer_lo + li
+        link = 4 * layer
+        xq = x_ptr
+        if layer > 0:
+            xq = y3 + (layer - 1) * N3
+        wait_q = li > 0  # the launch's first qkv: its x is the launch before's (the PDL wait), or layer 0's input
+        if not PDL:
+            wait_q = layer > 0
+        later = li >= 0
+        t, pl, pk, pt, pi = _gemv(
+            d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, t, pl, pk, pt, pi, xq, s0, z0, y0, cnt_ptr, link, layer,
+            layer_lo, LAYERS, wait_q, N0, B0, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, sums_s, DEFER, MAXT, SC,
+        )  # fmt: skip
+        t, pl, pk, pt, pi = _gemv(
+            d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, t, pl, pk, pt, pi, y0 + layer * N0, s1, z1, y1, cnt_ptr,
+            link + 1, layer, layer_lo, LAYERS, later, N1, B1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3,
+            WARPS, STAGES, SUB, sums_s, DEFER, MAXT, SC,
+        )  # fmt: skip
+        t, pl, pk, pt, pi = _gemv(
+            d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, t, pl, pk, pt, pi, y1 + layer * N1, s2, z2, y2, cnt_ptr,
+            link + 2, layer, layer_lo, LAYERS, later, N2, B2, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3,
+            WARPS, STAGES, SUB, sums_s, DEFER, MAXT, SC,
+        )  # fmt: skip
+        t, pl, pk, pt, pi = _gemv(
+            d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, t, pl, pk, pt, pi, y2 + layer * N2, s3, z3, y3, cnt_ptr,
+            link + 3, layer, layer_lo, LAYERS, later, N3, B3, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3,
+            WARPS, STAGES, SUB, sums_s, DEFER, MAXT, SC,
+        )  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--warps", type=int, default=8, help="warps a program: the steps of K a ring stage")
+    ap.add_argument("--stages", default="4,6", help="ring depths to try")
+    ap.add_argument("--modes", default="one,layer", help="one launch for all layers, or one a layer with PDL")
+    ap.add_argument("--per-sm", type=int, default=1, help="programs a multiprocessor (all must be resident)")
+    ap.add_argument("--defer", default="1", help="the warps' sums met once a tile (0) or once a GEMV (1)")
+    ap.add_argument("--sc", default="0,1", help="scales loaded a stage ahead (0) or through the ring (1; 8 warps)")
+    ap.add_argument("--sub", type=int, default=0, help="1: q - 8 in fp16; 0: 1024 + q, the offset out in fp32")
+    ap.add_argument("--json", default="bench/results/probe_int4_rows.json")
+    args = ap.parse_args()
+    layers, warps = args.layers, args.warps
+    chain = LayerChain(layers)
+    dims = chain.dims
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M")}
+    res.update({"layers": layers, "mb": chain.mb, "streaming_us_at_3tbs": chain.mb / 3.0, "warps": warps})
+    chain.library()
+    res["library_err_max"] = chain.errors(chain.library_outputs(), [0, layers // 2])
+    res["library_us"] = [graph_time_ms(chain.library) * 1e3 for _ in range(3)]
+    print(f"{layers} layers, {chain.mb:.0f} MB, {chain.mb / 3.0:.0f} us at 3 TB/s; library {res['library_us']} us")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    programs = min(sms * args.per_sm, min(dims[name][0] // 16 for name in KINDS))  # each a tile in every GEMV
+    if max(-(-dims[name][0] // 16 // programs) for name in KINDS) > 16:
+        raise ValueError(f"{programs} programs: more than MAXT (16) tiles a program in a GEMV")
+    res["programs"] = programs
+    lay = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+    descs = []
+    for name in KINDS:  # (rows, steps, 32 words): a ring stage is one (16, WARPS, 32) box
+        words = torch.cat([w[0] for w in chain.ws[name]]).view(torch.int32)
+        descs.append(TensorDescriptor.from_tensor(words.view(words.shape[0], -1, 32), [16, warps, 32], lay))
+    lay_s = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    sz_descs = [
+        TensorDescriptor.from_tensor(torch.cat([w[j] for w in chain.ws[name]]), [16, warps], lay_s)
+        for name in KINDS
+        for j in (1, 2)
+    ]
+    sz = [t for name in KINDS for t in (torch.cat([w[1] for w in chain.ws[name]]), torch.cat([w[2] for w in chain.ws[name]]))]  # fmt: skip
+    ys = {name: torch.empty(layers, dims[name][0], device="cuda", dtype=torch.bfloat16) for name in KINDS}
+    cnt = torch.zeros(4 * layers, dtype=torch.int32, device="cuda")
+    shape = {f"N{j}": dims[name][0] for j, name in enumerate(KINDS)} | {f"B{j}": dims[name][1] // 2 for j, name in enumerate(KINDS)}  # fmt: skip
+    res["runs"] = {}
+    for stages in (int(s) for s in args.stages.split(",")):
+        check_resident(
+            stages * 16 * warps * (STEP.value + 8) + 2 * XP.value * 32 * 8 + 16 * 16 * warps * 4, args.per_sm
+        )
+        variants = [(m, int(v), int(c)) for m in args.modes.split(",") for v in args.defer.split(",") for c in args.sc.split(",")]  # fmt: skip
+        for mode, defer, sc in variants:
+
+            def persistent(stages: int = stages, mode: str = mode, defer: int = defer, sc: int = sc) -> None:
+                cnt.zero_()
+                meta = dict(shape, WARPS=warps, STAGES=stages, SUB=bool(args.sub), DEFER=bool(defer), SC=bool(sc), num_warps=warps)  # fmt: skip
+                outs = (ys[name] for name in KINDS)
+                if mode == "one":
+                    _rows_kernel[(programs,)](
+                        *descs, *sz_descs, *sz, chain.x0, *outs, cnt, 0, layers, PDL=False, **meta
+                    )
+                else:
+                    y = [ys[name] for name in KINDS]
+                    for i in range(layers):
+                        _rows_kernel[(programs,)](*descs, *sz_descs, *sz, chain.x0, *y, cnt, i, 1, PDL=True, launch_pdl=True, **meta)  # fmt: skip
+
+            persistent()
+            torch.cuda.synchronize()
+            err = chain.errors(ys, [0, layers // 2, layers - 1])
+            us = [graph_time_ms(persistent) * 1e3 for _ in range(3)]
+            res["runs"][f"{mode} {stages} stages defer {defer} sc {sc}"] = {"err_max": err, "us": us}
+            print(f"{mode}, {stages} stages, defer {defer}, sc {sc}: {us} us ({us[-1] / layers:.1f} a layer), max rel err {err:.2e}", flush=True)  # fmt: skip
+    res["library_us_after"] = [graph_time_ms(chain.library) * 1e3 for _ in range(2)]
+    print(f"library again: {res['library_us_after']} ({res['library_us_after'][-1] / layers:.1f} a layer)")
+    with open(args.json, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
