@@ -40,15 +40,13 @@ X_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 """x's pairs in shared memory: plain rows, no swizzle (each lane reads its own 64 bytes)."""
 
 
-def _mma_asm(sub: bool, sums: bool = False) -> str:
+def _mma_asm(sub: bool) -> str:
     """One lane's 4 words of a top row (``$4-$7``) and a bottom row (``$8-$11``) through 16 MMAs.
 
     ``$12-$15`` / ``$16-$19``: x's B pairs of the low / high half, one 64-bit pair a word. Outputs
     ``[top, bottom, 0, 0]``: ``s_lo C_lo + s_hi C_hi + z_lo sum(x_lo) + z_hi sum(x_hi)`` of each row
     over the 4 lanes' 16 words; scales ``$20`` / ``$24`` (top) and ``$28`` / ``$32`` (bottom), zeros
     ``$36`` / ``$40`` and ``$44`` / ``$48`` (the high ones times 16: x's high half comes in / 16).
-    With ``sums`` the sums of x over the vector's columns come in (``$52`` low half, ``$56`` high
-    half / 16) in place of the all-ones MMAs: they are x's alone, the same for every row.
     """
     lines = [
         ".reg .b32 t, a, b, c, d, e, f, g, h, ml, mh, mg, kl, kh, one, xa, xb, xc, xd;",
@@ -60,9 +58,7 @@ def _mma_asm(sub: bool, sums: bool = False) -> str:
         "mov.b32 kh, 0x64806480;",  # 1024 + 16 * 8
         "mov.b32 one, 0x3C003C00;",
     ]
-    lines += [f"mov.f32 {acc}{i}, 0f00000000;" for acc in ("lm" if sums else "lmpq") for i in range(4)]
-    if sums:
-        lines += ["mov.f32 p0, $52;", "mov.f32 p2, $52;", "mov.f32 q0, $56;", "mov.f32 q2, $56;"]
+    lines += [f"mov.f32 {acc}{i}, 0f00000000;" for acc in "lmpq" for i in range(4)]
 
     def dequant(w: str, lo0: str, lo1: str, hi0: str, hi1: str) -> list[str]:
         out = [
@@ -84,12 +80,9 @@ def _mma_asm(sub: bool, sums: bool = False) -> str:
         lines += [
             f"{mma} {{l0, l1, l2, l3}}, {{a, e, b, f}}, {{xa, xb}}, {{l0, l1, l2, l3}};",
             f"{mma} {{m0, m1, m2, m3}}, {{c, g, d, h}}, {{xc, xd}}, {{m0, m1, m2, m3}};",
+            f"{mma} {{p0, p1, p2, p3}}, {{one, one, one, one}}, {{xa, xb}}, {{p0, p1, p2, p3}};",
+            f"{mma} {{q0, q1, q2, q3}}, {{one, one, one, one}}, {{xc, xd}}, {{q0, q1, q2, q3}};",
         ]
-        if not sums:
-            lines += [
-                f"{mma} {{p0, p1, p2, p3}}, {{one, one, one, one}}, {{xa, xb}}, {{p0, p1, p2, p3}};",
-                f"{mma} {{q0, q1, q2, q3}}, {{one, one, one, one}}, {{xc, xd}}, {{q0, q1, q2, q3}};",
-            ]
     if not sub:  # the MMAs summed (1024 + q) x and (1024 + 16 q) x / 16: take 1032 and 1152 times sum(x) out
         lines += [
             "fma.rn.f32 l0, p0, 0fC4810000, l0;",
@@ -115,8 +108,6 @@ def _mma_asm(sub: bool, sums: bool = False) -> str:
 _ASM_SUB = gl.constexpr(_mma_asm(True))
 _ASM_OFFSET = gl.constexpr(_mma_asm(False))
 _CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 8 + ["l"] * 8 + ["r"] * 32))
-_ASM_SUMS = gl.constexpr(_mma_asm(False, sums=True))
-_CONSTRAINTS_SUMS = gl.constexpr(_CONSTRAINTS.value + "," + ",".join(["r"] * 8))
 
 
 @gluon.jit
@@ -205,35 +196,23 @@ def _group_scales(s_ptr, z_ptr, top, bot, ss_n, g, hi_groups, tmask, bmask):
 
 
 @gluon.jit
-def _step(wt, wb, ab, cd, sc, SUB: gl.constexpr, AXIS: gl.constexpr = 1, sxl=None, sxh=None):
+def _step(wt, wb, ab, cd, sc, SUB: gl.constexpr, AXIS: gl.constexpr = 1):
     """A step's ``[top, bottom, 0, 0]`` row sums a lane's vector (``_mma_asm``); ``sc`` from ``_group_scales``.
 
-    The scales gain the words' axis ``AXIS`` (the last of the weights' tiles). ``sxl`` / ``sxh``:
-    x's sums over each vector's columns, made once a GEMV (then ``1024 + q`` only, no ``SUB``).
+    The scales gain the words' axis ``AXIS`` (the last of the weights' tiles).
     """
     slt, sht, slb, shb, zlt, zht, zlb, zhb = sc
-    args = (
+    args = [
         wt, wb, ab, cd,
         gl.expand_dims(slt.to(gl.float32), AXIS), gl.expand_dims(sht.to(gl.float32), AXIS),
         gl.expand_dims(slb.to(gl.float32), AXIS), gl.expand_dims(shb.to(gl.float32), AXIS),
         gl.expand_dims(zlt.to(gl.float32), AXIS), gl.expand_dims(zht.to(gl.float32) * 16.0, AXIS),
         gl.expand_dims(zlb.to(gl.float32), AXIS), gl.expand_dims(zhb.to(gl.float32) * 16.0, AXIS),
-    )  # fmt: skip
-    if sxl is None:
-        asm: gl.constexpr = _ASM_SUB if SUB else _ASM_OFFSET
-        out = gl.inline_asm_elementwise(
-            asm=asm, constraints=_CONSTRAINTS, args=args, dtype=gl.float32, is_pure=True, pack=4
-        )
-    else:
-        out = gl.inline_asm_elementwise(
-            asm=_ASM_SUMS,
-            constraints=_CONSTRAINTS_SUMS,
-            args=args + (sxl, sxh),  # noqa: RUF005 (Gluon takes no starred tuples)
-            dtype=gl.float32,
-            is_pure=True,
-            pack=4,
-        )
-    return out
+    ]  # fmt: skip
+    asm: gl.constexpr = _ASM_SUB if SUB else _ASM_OFFSET
+    return gl.inline_asm_elementwise(
+        asm=asm, constraints=_CONSTRAINTS, args=args, dtype=gl.float32, is_pure=True, pack=4
+    )
 
 
 @gluon.jit

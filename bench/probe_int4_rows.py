@@ -5,17 +5,23 @@
 split K, because its warps each took their own rows: o and down have 4,096 rows, 32 such tiles at 8
 warps for 132 multiprocessors. It ran 1.26x slower than the launches. Here a tile is 16 rows (one
 ``mma.sync.m16n8k16``'s A rows) over all of K, and a program's warps share each tile's K: at a
-ring stage warp ``w`` takes step ``i WARPS + w`` of the tile's row (a TMA box of 16 rows x 128
-bytes each), and the warps' sums meet once a tile. So every GEMV has 256 tiles or more (qkv 384, o
-256, gate_up 1,792, down 256), dealt round-robin to at most 256 programs: no split K, no partials,
-and no program more than one tile (3 %) over the mean. Each GEMV's x is the one before's output
-cut to its K, as in ``bench.probe_int4_layers`` (``LayerChain``), which also gives the library's
-128 launches, timed beside it, and the check against ``kernels.reference``.
+ring stage warp ``w`` takes step ``i WARPS + w`` of the tile's rows. So every GEMV has 256 tiles or
+more (qkv 384, o 256, gate_up 1,792, down 256), dealt round-robin to at most 256 programs: no split
+K, no partials, and no program more than one tile over the mean.
 
-Two ways to launch: the 32 layers in one launch (the GEMVs wait on counters, the ring streams on
-into the next GEMV's weights), or one launch a layer with programmatic dependent launch, each
-launch asking for its first ring stages before its PDL wait (a layer's first GEMV then waits on the
-launch before, not on a counter): the form the engine would take, with attention between layers.
+A ring stage is one TMA box of the weights (16 rows x WARPS steps x 32 words, 16 KB at 8 warps)
+and four of the stage's scales and zeros (16 rows x WARPS groups, low and high half), all on one
+mbarrier; the ring runs on into the next GEMV's and layer's tiles while the arithmetic waits for
+its x (a counter every program raises once a GEMV). Each tile's warps' sums go to shared memory
+and meet once a GEMV. Two programs a multiprocessor (8 warps, 128 registers, 111 KB at 4 stages):
+all must be resident, so the launcher caps the registers and checks the shared memory.
+
+Each GEMV's x is the one before's output cut to its K, as in ``bench.probe_int4_layers``
+(``LayerChain``), which also gives the library's 128 launches, timed beside it, and the check
+against ``kernels.reference``. Two ways to launch: the 32 layers in one launch, or one launch a
+layer with programmatic dependent launch, each asking for its first ring stages before its PDL
+wait (the form the engine would take, with attention between layers). Plain outputs: no norms,
+rotary, attention or SiLU-and-mul. Compiled only (Gluon and PTX); nothing in the engine calls it.
 
     python -m bench.probe_int4_rows --json $OUT/probe_int4_rows.json
 """
@@ -37,7 +43,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from bench.engine_gpu import graph_time_ms
 from bench.probe_int4_chain import _spin_until, check_resident
 from bench.probe_int4_layers import KINDS, LayerChain
-from bench.probe_int4_mma_kernels import STEP, X_SMEM, _group_scales, _step, _x_pairs
+from bench.probe_int4_mma_kernels import STEP, X_SMEM, _step, _x_pairs
 
 XP = gl.constexpr(64)
 """x's pair rows in shared memory: the longest K's steps (down's 56), a power of two."""
@@ -108,55 +114,30 @@ def _issue_sz(sd, zd, bar, scs, st, row, g, ns):
 
 
 @gluon.jit
-def _issue(d0, d1, d2, d3, sds, bars, bufs, scs, t, kind, row, stage, ns,
-           WARPS: gl.constexpr, STAGES: gl.constexpr, SC: gl.constexpr):  # fmt: skip
-    """Ask TMA for ring stage ``stage`` of the tile at ``row`` of ``kind``'s stacked weights: a (16 rows, WARPS steps, 32 words) box.
+def _issue(d0, d1, d2, d3, sds, bars, bufs, scs, t, kind, row, stage, ns, WARPS: gl.constexpr, STAGES: gl.constexpr):
+    """Ask TMA for ring stage ``stage`` of the tile at ``row`` of ``kind``'s stacked weights, its scales and zeros with it.
 
-    With ``SC`` the stage's scales and zeros come with it (``sds``: each kind's scale and zero
-    descriptors, boxes of 16 rows x WARPS groups); ``ns`` is the kind's steps a row.
+    The weights are a (16 rows, WARPS steps, 32 words) box; ``sds`` holds each kind's scale and zero
+    descriptors (boxes of 16 rows x WARPS groups); ``ns`` is the kind's steps a row.
     """
     st = t % STAGES
     at = [row, stage * WARPS, 0]
     bar = bars.index(st)
-    mbarrier.expect(bar, WARPS * 16 * STEP + SC * 4 * 16 * WARPS * 2)
+    mbarrier.expect(bar, WARPS * 16 * STEP + 4 * 16 * WARPS * 2)
     sd0, zd0, sd1, zd1, sd2, zd2, sd3, zd3 = sds
     g = stage * WARPS
     if kind == 0:
         tma.async_copy_global_to_shared(d0, at, bar, bufs.index(st))
-        if SC:
-            _issue_sz(sd0, zd0, bar, scs, st, row, g, ns)
+        _issue_sz(sd0, zd0, bar, scs, st, row, g, ns)
     elif kind == 1:
         tma.async_copy_global_to_shared(d1, at, bar, bufs.index(st))
-        if SC:
-            _issue_sz(sd1, zd1, bar, scs, st, row, g, ns)
+        _issue_sz(sd1, zd1, bar, scs, st, row, g, ns)
     elif kind == 2:
         tma.async_copy_global_to_shared(d2, at, bar, bufs.index(st))
-        if SC:
-            _issue_sz(sd2, zd2, bar, scs, st, row, g, ns)
+        _issue_sz(sd2, zd2, bar, scs, st, row, g, ns)
     else:
         tma.async_copy_global_to_shared(d3, at, bar, bufs.index(st))
-        if SC:
-            _issue_sz(sd3, zd3, bar, scs, st, row, g, ns)
-
-
-@gluon.jit
-def _refill(
-    d0, d1, d2, d3, sds, bars, bufs, scs, t_first, n, pl, pk, pt, pi, layer_lo, LAYERS,
-    T0: gl.constexpr, T1: gl.constexpr, T2: gl.constexpr, T3: gl.constexpr,
-    S0: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, S3: gl.constexpr,
-    N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr,
-    WARPS: gl.constexpr, STAGES: gl.constexpr, SC: gl.constexpr,
-):  # fmt: skip
-    """Ask for ring sequence numbers ``t_first .. t_first + n - 1`` at the producer's cursor, whatever GEMV or layer; returns the cursor."""
-    pid = gl.program_id(0)
-    P = gl.num_programs(0)
-    for q in range(n):
-        if pl < LAYERS:
-            prow = (layer_lo + pl) * _rows_of(pk, N0, N1, N2, N3) + pt * 16
-            pns = _rows_of(pk, S0, S1, S2, S3) * WARPS
-            _issue(d0, d1, d2, d3, sds, bars, bufs, scs, t_first + q, pk, prow, pi, pns, WARPS, STAGES, SC)
-            pl, pk, pt, pi = _advance(pl, pk, pt, pi, pid, P, T0, T1, T2, T3, S0, S1, S2, S3)
-    return pl, pk, pt, pi
+        _issue_sz(sd3, zd3, bar, scs, st, row, g, ns)
 
 
 @gluon.jit
@@ -175,55 +156,21 @@ def _ring_scales(scs, st, L2: gl.constexpr):
 
 
 @gluon.jit
-def _scales(s_ptr, z_ptr, row0, stage, ss_n, NS: gl.constexpr, WARPS: gl.constexpr, L2: gl.constexpr, more):
-    """A ring stage's scales and zeros, ``(8, WARPS)`` each: warp ``w``'s group ``stage WARPS + w`` of rows ``row0 + i``, ``+ 8``."""
-    d = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(1, L2)), 1)  # (8, 1)
-    g = stage * WARPS + gl.expand_dims(gl.arange(0, WARPS, layout=gl.SliceLayout(0, L2)), 0)  # (1, WARPS)
-    top = row0 + d + g * 0  # (8, WARPS)
-    m = (top >= 0) & more
-    return _group_scales(s_ptr, z_ptr, top, top + 8, ss_n, g, NS, m, m)
-
-
-@gluon.jit
-def _x_sums(x_ptr, xs_ptr, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WARPS: gl.constexpr):
-    """x's sums over each step's two vectors of columns (words 0-15, 16-31), as the MMAs see x: to ``xs`` (steps, 4) fp32.
-
-    ``xs[s] = (low v0, low v1, high v0, high v1)``, the high half's / 16, each value rounded to fp16
-    first as ``_x_pairs`` rounds it. Read back by this program's lanes after a barrier.
-    """
-    PRE: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [WARPS, 1], [1, 0])  # (NSTEP_P, 32)
-    ps = gl.arange(0, NSTEP_P, layout=gl.SliceLayout(1, PRE))
-    pw = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, PRE)), 0)
-    c = gl.expand_dims(ps, 1) * STEP + pw * 4  # a word's first column
-    m = gl.expand_dims(ps < NSTEP, 1) & (c < K2)
-    lo = gl.zeros([NSTEP_P, 32], gl.float32, PRE)
-    hi = gl.zeros([NSTEP_P, 32], gl.float32, PRE)
-    for j in gl.static_range(4):
-        lo += gl.load(x_ptr + c + j, mask=m, other=0.0).to(gl.float16).to(gl.float32)
-        hi += (gl.load(x_ptr + K2 + c + j, mask=m, other=0.0).to(gl.float32) * 0.0625).to(gl.float16).to(gl.float32)
-    first = pw < 16
-    gl.store(xs_ptr + ps * 4, gl.sum(gl.where(first, lo, 0.0), axis=1))
-    gl.store(xs_ptr + ps * 4 + 1, gl.sum(gl.where(first, 0.0, lo), axis=1))
-    gl.store(xs_ptr + ps * 4 + 2, gl.sum(gl.where(first, hi, 0.0), axis=1))
-    gl.store(xs_ptr + ps * 4 + 3, gl.sum(gl.where(first, 0.0, hi), axis=1))
-
-
-@gluon.jit
 def _gemv(
-    d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, t, pl, pk, pt, pi, pend,
-    x_src, s_ptr, z_ptr, y_ptr, cnt_ptr, link, layer, layer_lo, LAYERS,
+    d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
+    x_src, y_ptr, cnt_ptr, link, layer, layer_lo, LAYERS,
     wait,  # spin on the GEMV before (not where a PDL wait at the launch's start covered it)
     N: gl.constexpr, B: gl.constexpr,  # this GEMV's rows and packed bytes a row
     T0: gl.constexpr, T1: gl.constexpr, T2: gl.constexpr, T3: gl.constexpr,
     S0: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, S3: gl.constexpr,
     N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr,
-    WARPS: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr, sums_s, DEFER: gl.constexpr, MAXT: gl.constexpr,
-    SC: gl.constexpr, BATCH: gl.constexpr, xs_ptr, XS: gl.constexpr,
+    WARPS: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr, MAXT: gl.constexpr,
 ):  # fmt: skip
     """One GEMV of one layer: wait for its x, make x's pairs, run this program's tiles; returns the ring's state.
 
     ``t`` is the consumer's ring sequence number; ``(pl, pk, pt, pi)`` the producer's cursor (layer
     of the launch, kind, tile, stage), ``STAGES`` ahead, which each taken stage moves on by one.
+    Each tile's warps' sums go to shared memory and meet once a GEMV (``sums_s``).
     """
     BL: gl.constexpr = gl.BlockedLayout(
         [1, 1, 4], [8, 1, 4], [1, WARPS, 1], [2, 1, 0]
@@ -234,18 +181,11 @@ def _gemv(
     T: gl.constexpr = N // 16
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    s_l = s_ptr + layer * N * (2 * NS)
-    z_l = z_ptr + layer * N * (2 * NS)
     mine = (T - pid + P - 1) // P  # this program's tiles: pid, pid + P, ...
-    if not SC:
-        sc = _scales(s_l, z_l, pid * 16, 0, 2 * NS, NS, WARPS, L2, True)  # no kernel writes them: before the wait
     if wait:
         _spin_until(cnt_ptr + link - 1, P)
     ab, cd = _x_pairs(x_src, 0, B, NS, XP, WARPS)
-    gl.thread_barrier()  # every lane is done with the last GEMV's pairs (and sums)
-    xs_p = xs_ptr + pid * (XP * 4)
-    if XS:
-        _x_sums(x_src, xs_p, B, NS, XP, WARPS)
+    gl.thread_barrier()  # every lane is done with the last GEMV's pairs and sums
     ab_s.store(ab)
     cd_s.store(cd)
     gl.thread_barrier()
@@ -253,78 +193,48 @@ def _gemv(
     cd_v = cd_s._reinterpret(gl.int64, [XP // WARPS, 1, WARPS, 32], X_SMEM4)
     cols = gl.expand_dims(gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(0, BL))), 0), 0)
     pos = cols % 4  # (1, 1, 32)
-    d = gl.arange(0, 8, layout=gl.SliceLayout(1, L2))
     acc = gl.zeros([8, WARPS, 32], gl.float32, BL)
-    for j in range(mine * SPT):  # this program's (tile, stage) in order; scales a stage ahead across tiles
+    for j in range(mine * SPT):  # this program's (tile, stage) in order
         i = j % SPT
-        row0 = (pid + (j // SPT) * P) * 16
         st = t % STAGES
         mbarrier.wait(bars.index(st), (t // STAGES) & 1)
         wt = bufs.index(st).slice(0, 8).load(BL)
         wb = bufs.index(st).slice(8, 8).load(BL)
-        if SC:
-            sc = _ring_scales(scs, st, L2)
-        pend += 1
-        if pend == BATCH:  # every lane has read the last BATCH stages: refill them
-            gl.thread_barrier()
-            pl, pk, pt, pi = _refill(
-                d0, d1, d2, d3, sds, bars, bufs, scs, t + 1 - pend + STAGES, pend, pl, pk, pt, pi, layer_lo, LAYERS,
-                T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SC,
-            )  # fmt: skip
-            pend = pend * 0
-        csc = sc
-        if not SC:
-            nj = j + 1
-            sc = _scales(s_l, z_l, (pid + (nj // SPT) * P) * 16, nj % SPT, 2 * NS, NS, WARPS, L2, nj < mine * SPT)
-        if XS:
-            sx = xs_p + (i * WARPS + gl.expand_dims(gl.expand_dims(gl.arange(0, WARPS, layout=gl.SliceLayout(0, gl.SliceLayout(2, BL))), 0), 2)) * 4 + cols // 16  # fmt: skip
-            acc += _step(wt, wb, ab_v.index(i).load(BL), cd_v.index(i).load(BL), csc, SUB, 2, gl.load(sx), gl.load(sx + 2))  # fmt: skip
-        else:
-            acc += _step(wt, wb, ab_v.index(i).load(BL), cd_v.index(i).load(BL), csc, SUB, 2)
+        sc = _ring_scales(scs, st, L2)
+        gl.thread_barrier()  # every lane has read the stage before it is refilled
+        if pl < LAYERS:  # the ring runs on, into the next tiles' weights whatever GEMV or layer they are
+            prow = (layer_lo + pl) * _rows_of(pk, N0, N1, N2, N3) + pt * 16
+            pns = _rows_of(pk, S0, S1, S2, S3) * WARPS
+            _issue(d0, d1, d2, d3, sds, bars, bufs, scs, t + STAGES, pk, prow, pi, pns, WARPS, STAGES)
+            pl, pk, pt, pi = _advance(pl, pk, pt, pi, pid, P, T0, T1, T2, T3, S0, S1, S2, S3)
+        acc += _step(wt, wb, ab_v.index(i).load(BL), cd_v.index(i).load(BL), sc, SUB, 2)
         t += 1
-        if i == SPT - 1:  # the tile's last stage: its rows' sums
-            tw = gl.sum(gl.where(pos == 0, acc, 0.0), axis=2) * 0.25  # (8, WARPS): each warp's K
-            bw = gl.sum(gl.where(pos == 1, acc, 0.0), axis=2) * 0.25
-            if DEFER:  # the warps' K met once a GEMV, from shared memory
-                sums_s.index(2 * (j // SPT)).store(tw)
-                sums_s.index(2 * (j // SPT) + 1).store(bw)
-            else:
-                yb = y_ptr + layer * N + row0
-                gl.store(yb + d, gl.sum(tw, axis=1).to(y_ptr.dtype.element_ty))
-                gl.store(yb + 8 + d, gl.sum(bw, axis=1).to(y_ptr.dtype.element_ty))
+        if i == SPT - 1:  # the tile's last stage: each warp's K of its rows' sums, (8, WARPS)
+            sums_s.index(2 * (j // SPT)).store(gl.sum(gl.where(pos == 0, acc, 0.0), axis=2) * 0.25)
+            sums_s.index(2 * (j // SPT) + 1).store(gl.sum(gl.where(pos == 1, acc, 0.0), axis=2) * 0.25)
             acc = gl.zeros([8, WARPS, 32], gl.float32, BL)
-    gl.thread_barrier()  # every lane's stores (to y, or of its sums) before the release (or the sum)
-    pl, pk, pt, pi = _refill(
-        d0, d1, d2, d3, sds, bars, bufs, scs, t - pend + STAGES, pend, pl, pk, pt, pi, layer_lo, LAYERS,
-        T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SC,
-    )  # fmt: skip
-    pend = pend * 0
-    if DEFER:
-        SL: gl.constexpr = gl.BlockedLayout([1, WARPS], [32, 1], [WARPS, 1], [1, 0])  # (2 MAXT x 8 rows, WARPS)
-        f = gl.arange(0, 16 * MAXT, layout=gl.SliceLayout(1, SL))  # (tile j, top or bottom, row)
-        e = f // 8
-        rows = (pid + (e // 2) * P) * 16 + (e % 2) * 8 + f % 8
-        flat = sums_s._reinterpret(gl.float32, [16 * MAXT, WARPS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        y = gl.sum(flat.load(SL), axis=1)
-        gl.store(y_ptr + layer * N + rows, y.to(y_ptr.dtype.element_ty), mask=e // 2 < mine)
-        gl.thread_barrier()
+    gl.thread_barrier()  # every lane's sums stored
+    SL: gl.constexpr = gl.BlockedLayout([1, WARPS], [32, 1], [WARPS, 1], [1, 0])  # (2 MAXT x 8 rows, WARPS)
+    f = gl.arange(0, 16 * MAXT, layout=gl.SliceLayout(1, SL))  # (tile j, top or bottom, row)
+    e = f // 8
+    rows = (pid + (e // 2) * P) * 16 + (e % 2) * 8 + f % 8
+    flat = sums_s._reinterpret(gl.float32, [16 * MAXT, WARPS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    y = gl.sum(flat.load(SL), axis=1)  # the warps' K met
+    gl.store(y_ptr + layer * N + rows, y.to(y_ptr.dtype.element_ty), mask=e // 2 < mine)
+    gl.thread_barrier()  # every lane's stores of y before the release
     gl.atomic_add(cnt_ptr + link, 1, sem="release")
-    return t, pl, pk, pt, pi, pend
+    return t, pl, pk, pt, pi
 
 
 @gluon.jit
 def _rows_kernel(
-    d0, d1, d2, d3, sd0, zd0, sd1, zd1, sd2, zd2, sd3, zd3, s0, z0, s1, z1, s2, z2, s3, z3, xs_ptr, x_ptr, y0, y1, y2, y3, cnt_ptr, layer_lo, LAYERS,
+    d0, d1, d2, d3, sd0, zd0, sd1, zd1, sd2, zd2, sd3, zd3, x_ptr, y0, y1, y2, y3, cnt_ptr, layer_lo, LAYERS,
     N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr,  # rows of qkv, o, gate_up, down
     B0: gl.constexpr, B1: gl.constexpr, B2: gl.constexpr, B3: gl.constexpr,  # their packed bytes a row (K / 2)
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     SUB: gl.constexpr,
     PDL: gl.constexpr,  # launched a layer at a time with programmatic dependent launch
-    DEFER: gl.constexpr = False,  # the warps' sums of a tile met once a GEMV (else once a tile)
-    SC: gl.constexpr = False,  # scales and zeros through the ring with the weights (else loaded a stage ahead)
-    BATCH: gl.constexpr = 1,  # ring stages read between two refills (one barrier each)
-    XS: gl.constexpr = False,  # x's sums made once a GEMV (into xs, (programs, 64, 4) fp32), not by MMAs each step
 ):  # fmt: skip
     """Layers ``layer_lo .. layer_lo + LAYERS - 1`` of (qkv, o, gate_up, down); outputs ``y_k`` (all layers, N_k).
 
@@ -332,6 +242,7 @@ def _rows_kernel(
     done with it. Layer 0's qkv reads ``x``, every other GEMV the output before it.
     """
     gl.static_assert(N0 % 16 == 0 and N1 % 16 == 0 and N2 % 16 == 0 and N3 % 16 == 0)
+    gl.static_assert(WARPS * 2 >= 16)  # a scale box's row (WARPS bf16) is TMA's 16 bytes at least
     NS0: gl.constexpr = B0 // STEP
     NS1: gl.constexpr = B1 // STEP
     NS2: gl.constexpr = B2 // STEP
@@ -353,7 +264,7 @@ def _rows_kernel(
     cd_s = gl.allocate_shared_memory(gl.int64, [XP, 32], X_SMEM)
     MAXT: gl.constexpr = 16  # tiles a program in a GEMV, at most (gate_up's 1,792 over 132 programs: 14)
     sums_s = gl.allocate_shared_memory(gl.float32, [2 * MAXT, 8, WARPS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    scs = gl.allocate_shared_memory(sd0.dtype, [4 * STAGES if SC else 4, 16, WARPS], sd0.layout)
+    scs = gl.allocate_shared_memory(sd0.dtype, [4 * STAGES, 16, WARPS], sd0.layout)
     sds = (sd0, zd0, sd1, zd1, sd2, zd2, sd3, zd3)
     for j in gl.static_range(STAGES):
         mbarrier.init(bars.index(j), count=1)
@@ -366,13 +277,12 @@ def _rows_kernel(
         if pl < LAYERS:
             prow = (layer_lo + pl) * _rows_of(pk, N0, N1, N2, N3) + pt * 16
             pns = _rows_of(pk, S0, S1, S2, S3) * WARPS
-            _issue(d0, d1, d2, d3, sds, bars, bufs, scs, j, pk, prow, pi, pns, WARPS, STAGES, SC)
+            _issue(d0, d1, d2, d3, sds, bars, bufs, scs, j, pk, prow, pi, pns, WARPS, STAGES)
             pl, pk, pt, pi = _advance(pl, pk, pt, pi, pid, gl.num_programs(0), T0, T1, T2, T3, S0, S1, S2, S3)
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
     t = pid * 0
-    pend = pid * 0  # stages read and not yet refilled
     for li in range(LAYERS):
         layer = layer_lo + li
         link = 4 * layer
@@ -383,24 +293,21 @@ def _rows_kernel(
         if not PDL:
             wait_q = layer > 0
         later = li >= 0
-        t, pl, pk, pt, pi, pend = _gemv(
-            d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, t, pl, pk, pt, pi, pend, xq, s0, z0, y0, cnt_ptr, link, layer,
-            layer_lo, LAYERS, wait_q, N0, B0, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, sums_s, DEFER, MAXT, SC, BATCH, xs_ptr, XS,
+        t, pl, pk, pt, pi = _gemv(
+            d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
+            xq, y0, cnt_ptr, link, layer, layer_lo, LAYERS, wait_q, N0, B0, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
         )  # fmt: skip
-        t, pl, pk, pt, pi, pend = _gemv(
-            d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, t, pl, pk, pt, pi, pend, y0 + layer * N0, s1, z1, y1, cnt_ptr,
-            link + 1, layer, layer_lo, LAYERS, later, N1, B1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3,
-            WARPS, STAGES, SUB, sums_s, DEFER, MAXT, SC, BATCH, xs_ptr, XS,
+        t, pl, pk, pt, pi = _gemv(
+            d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
+            y0 + layer * N0, y1, cnt_ptr, link + 1, layer, layer_lo, LAYERS, later, N1, B1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
         )  # fmt: skip
-        t, pl, pk, pt, pi, pend = _gemv(
-            d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, t, pl, pk, pt, pi, pend, y1 + layer * N1, s2, z2, y2, cnt_ptr,
-            link + 2, layer, layer_lo, LAYERS, later, N2, B2, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3,
-            WARPS, STAGES, SUB, sums_s, DEFER, MAXT, SC, BATCH, xs_ptr, XS,
+        t, pl, pk, pt, pi = _gemv(
+            d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
+            y1 + layer * N1, y2, cnt_ptr, link + 2, layer, layer_lo, LAYERS, later, N2, B2, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
         )  # fmt: skip
-        t, pl, pk, pt, pi, pend = _gemv(
-            d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, t, pl, pk, pt, pi, pend, y2 + layer * N2, s3, z3, y3, cnt_ptr,
-            link + 3, layer, layer_lo, LAYERS, later, N3, B3, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3,
-            WARPS, STAGES, SUB, sums_s, DEFER, MAXT, SC, BATCH, xs_ptr, XS,
+        t, pl, pk, pt, pi = _gemv(
+            d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
+            y2 + layer * N2, y3, cnt_ptr, link + 3, layer, layer_lo, LAYERS, later, N3, B3, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
         )  # fmt: skip
 
 
@@ -408,13 +315,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--warps", type=int, default=8, help="warps a program: the steps of K a ring stage")
-    ap.add_argument("--stages", default="4,6", help="ring depths to try")
+    ap.add_argument("--stages", default="3,4", help="ring depths to try")
     ap.add_argument("--modes", default="one,layer", help="one launch for all layers, or one a layer with PDL")
-    ap.add_argument("--per-sm", type=int, default=1, help="programs a multiprocessor (all must be resident)")
-    ap.add_argument("--defer", default="1", help="the warps' sums met once a tile (0) or once a GEMV (1)")
-    ap.add_argument("--sc", default="1", help="scales loaded a stage ahead (0) or through the ring (1; 8 warps)")
-    ap.add_argument("--batch", default="1", help="ring stages read between two refills (one barrier each)")
-    ap.add_argument("--xs", default="0,1", help="x's sums by the MMAs each step (0) or once a GEMV (1)")
+    ap.add_argument("--per-sm", type=int, default=2, help="programs a multiprocessor (all must be resident)")
     ap.add_argument("--sub", type=int, default=0, help="1: q - 8 in fp16; 0: 1024 + q, the offset out in fp32")
     ap.add_argument("--json", default="bench/results/probe_int4_rows.json")
     args = ap.parse_args()
@@ -443,49 +346,33 @@ def main() -> None:
         for name in KINDS
         for j in (1, 2)
     ]
-    sz = [t for name in KINDS for t in (torch.cat([w[1] for w in chain.ws[name]]), torch.cat([w[2] for w in chain.ws[name]]))]  # fmt: skip
     ys = {name: torch.empty(layers, dims[name][0], device="cuda", dtype=torch.bfloat16) for name in KINDS}
     cnt = torch.zeros(4 * layers, dtype=torch.int32, device="cuda")
     maxnreg = min(255, 65536 // (32 * warps * args.per_sm))  # registers for all programs of a multiprocessor
-    xsums = torch.zeros(programs, XP.value, 4, dtype=torch.float32, device="cuda")
     shape = {f"N{j}": dims[name][0] for j, name in enumerate(KINDS)} | {f"B{j}": dims[name][1] // 2 for j, name in enumerate(KINDS)}  # fmt: skip
     res["runs"] = {}
     for stages in (int(s) for s in args.stages.split(",")):
         check_resident(
             stages * 16 * warps * (STEP.value + 8) + 2 * XP.value * 32 * 8 + 16 * 16 * warps * 4, args.per_sm
         )
-        variants = [
-            (m, int(v), int(c), int(b), x)
-            for m in args.modes.split(",")
-            for v in args.defer.split(",")
-            for c in args.sc.split(",")
-            for b in args.batch.split(",")
-            for x in args.xs.split(",")
-        ]
-        for mode, defer, sc, batch, xs in ((*v[:4], int(v[4])) for v in variants):
+        for mode in args.modes.split(","):
 
-            def persistent(stages: int = stages, mode: str = mode, defer: int = defer, sc: int = sc, batch: int = batch, xs: int = xs) -> None:  # fmt: skip
+            def persistent(stages: int = stages, mode: str = mode) -> None:
                 cnt.zero_()
-                meta = dict(shape, WARPS=warps, STAGES=stages, SUB=bool(args.sub), DEFER=bool(defer), SC=bool(sc), BATCH=batch, XS=bool(xs), num_warps=warps, maxnreg=maxnreg)  # fmt: skip
-                outs = (ys[name] for name in KINDS)
+                meta = dict(shape, WARPS=warps, STAGES=stages, SUB=bool(args.sub), num_warps=warps, maxnreg=maxnreg)
+                outs = [ys[name] for name in KINDS]
                 if mode == "one":
-                    _rows_kernel[(programs,)](
-                        *descs, *sz_descs, *sz, xsums, chain.x0, *outs, cnt, 0, layers, PDL=False, **meta
-                    )
+                    _rows_kernel[(programs,)](*descs, *sz_descs, chain.x0, *outs, cnt, 0, layers, PDL=False, **meta)
                 else:
-                    y = [ys[name] for name in KINDS]
                     for i in range(layers):
-                        _rows_kernel[(programs,)](*descs, *sz_descs, *sz, xsums, chain.x0, *y, cnt, i, 1, PDL=True, launch_pdl=True, **meta)  # fmt: skip
+                        _rows_kernel[(programs,)](*descs, *sz_descs, chain.x0, *outs, cnt, i, 1, PDL=True, launch_pdl=True, **meta)  # fmt: skip
 
             persistent()
             torch.cuda.synchronize()
             err = chain.errors(ys, [0, layers // 2, layers - 1])
             us = [graph_time_ms(persistent) * 1e3 for _ in range(3)]
-            res["runs"][f"{mode} {stages} stages defer {defer} sc {sc} batch {batch} xs {xs}"] = {
-                "err_max": err,
-                "us": us,
-            }
-            print(f"{mode}, {stages} stages, defer {defer}, sc {sc}, batch {batch}, xs {xs}: {us} us ({us[-1] / layers:.1f} a layer), max rel err {err:.2e}", flush=True)  # fmt: skip
+            res["runs"][f"{mode} {stages} stages"] = {"err_max": err, "us": us}
+            print(f"{mode}, {stages} stages: {us} us ({us[-1] / layers:.1f} a layer), max rel err {err:.2e}", flush=True)  # fmt: skip
     res["library_us_after"] = [graph_time_ms(chain.library) * 1e3 for _ in range(2)]
     print(f"library again: {res['library_us_after']} ({res['library_us_after'][-1] / layers:.1f} a layer)")
     with open(args.json, "w") as f:
