@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from triton.experimental import gluon
@@ -32,17 +32,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from bench.engine_gpu import SHAPES, graph_time_ms
-from bench.gpu_decoder import QLinear
+from bench.engine_gpu import graph_time_ms
+from bench.int4_layer_chain import KINDS, LayerChain
 from bench.probe_int4_chain import _spin_until, check_resident
 from bench.probe_int4_mma_kernels import STEP, X_SMEM, _group_scales, _pair, _step, _step_view, _wide, _x_pairs
-from kernels import reference
-from kernels.int4_matmul import int4_matmul
-
-if TYPE_CHECKING:
-    from bench.probe_int4_mma import Weight
-
-KINDS = ("qkv", "o", "gate_up", "down")
 
 
 @gluon.jit
@@ -383,58 +376,6 @@ def _pairs_of(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return a | (b << 32)
 
     return pack(xf[:k2].view(-1, 4)), pack((xf[k2:] * 0.0625).view(-1, 4))
-
-
-class LayerChain:
-    """The probes' 32 layers of the 8B shape's four int4 GEMVs: weights, first input, the library's launches, the check.
-
-    Each GEMV's input is the one before's output cut to its K (o takes qkv's first 4,096, down
-    gate_up's first 14,336); ``library`` runs them as 128 ``int4_matmul`` launches into ``outs``.
-    """
-
-    def __init__(self, layers: int) -> None:
-        torch.manual_seed(0)
-        self.layers = layers
-        self.dims = {name: (n, k) for name, n, k in SHAPES["llama3-8b"].linear_dims()}
-        self.ws: dict[str, list[Weight]] = {}
-        for name in KINDS:
-            n, k = self.dims[name]
-            self.ws[name] = []
-            for _ in range(layers):  # std 1 / sqrt(K): the chain's values keep their size
-                w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
-                packed, scales, zeros = QLinear(w, "int4", 128).tensors
-                self.ws[name].append((packed, scales, zeros))
-        self.x0 = torch.randn(1, self.dims["qkv"][1], device="cuda", dtype=torch.bfloat16)
-        self.mb = sum(t.numel() * t.element_size() for name in KINDS for w in self.ws[name] for t in w) / 1e6
-        self.outs: list[torch.Tensor] = []
-
-    def cut(self, name: str) -> int:
-        """The K of GEMV ``name``: how much of the output before it is its input."""
-        return self.dims[name][1]
-
-    def library(self) -> None:
-        self.outs.clear()
-        x = self.x0
-        for i in range(self.layers):
-            for j, name in enumerate(KINDS):
-                self.outs.append(int4_matmul(x, *self.ws[name][i], 128))
-                x = self.outs[-1][:, : self.cut(KINDS[(j + 1) % 4])]
-
-    def library_outputs(self) -> dict[str, torch.Tensor]:
-        """``outs`` as ``(layers, N)`` a GEMV, the persistent kernels' output shape."""
-        return {name: torch.cat([self.outs[4 * i + j] for i in range(self.layers)]) for j, name in enumerate(KINDS)}
-
-    def errors(self, y: dict[str, torch.Tensor], check: list[int]) -> float:
-        """The worst relative error against ``kernels.reference`` of layers ``check``' GEMVs, each on the input it got."""
-        worst = 0.0
-        for i in check:
-            for j, name in enumerate(KINDS):
-                prev = KINDS[j - 1]
-                xin = self.x0 if (i == 0 and j == 0) else y[prev][i - (j == 0) : i - (j == 0) + 1, : self.cut(name)]
-                ref = reference.int4_matmul(xin.float(), *self.ws[name][i], 128)
-                got = y[name][i : i + 1].float()
-                worst = max(worst, float((got - ref).norm() / ref.norm()))
-        return worst
 
 
 def main() -> None:

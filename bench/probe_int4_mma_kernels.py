@@ -125,26 +125,40 @@ def _wide(lo, hi):
 
 
 @gluon.jit
+def _x_cols(k_lo, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WARPS: gl.constexpr):
+    """``(c, m)``, ``(NSTEP_P, 32)``: each step's words' first low-half column (from ``k_lo``) and whether it is in range."""
+    PRE: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [WARPS, 1], [1, 0])  # (NSTEP_P, 32)
+    ps = gl.arange(0, NSTEP_P, layout=gl.SliceLayout(1, PRE))
+    pw = gl.arange(0, 32, layout=gl.SliceLayout(0, PRE))
+    c = k_lo + gl.expand_dims(ps, 1) * STEP + gl.expand_dims(pw, 0) * 4  # a word's first column
+    return c, gl.expand_dims(ps < NSTEP, 1) & (c < K2)
+
+
+@gluon.jit
+def _pack_pairs(a0, a1, a2, a3, b0, b1, b2, b3):
+    """x's B pairs ``(ab, cd)`` of a word's 4 low-half values ``a`` and 4 high-half values ``b`` (fp32; ``b`` / 16 here)."""
+    q = 0.0625
+    return _wide(_pair(a0, a2), _pair(a1, a3)), _wide(_pair(b0 * q, b2 * q), _pair(b1 * q, b3 * q))
+
+
+@gluon.jit
 def _x_pairs(x_ptr, k_lo, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WARPS: gl.constexpr):
     """x's B pairs over a program's K range, ``(ab, cd)``, each ``(NSTEP_P, 32)`` int64: a step's words in a row.
 
     Word ``c`` of a step: ``ab = ((x[4c], x[4c+2]), (x[4c+1], x[4c+3]))`` and ``cd`` the same of the
     high half divided by 16. Each warp makes whole steps.
     """
-    PRE: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [WARPS, 1], [1, 0])  # (NSTEP_P, 32)
-    ps = gl.arange(0, NSTEP_P, layout=gl.SliceLayout(1, PRE))
-    pw = gl.arange(0, 32, layout=gl.SliceLayout(0, PRE))
-    c = k_lo + gl.expand_dims(ps, 1) * STEP + gl.expand_dims(pw, 0) * 4  # a word's first column
-    m = gl.expand_dims(ps < NSTEP, 1) & (c < K2)
-    a0 = gl.load(x_ptr + c, mask=m, other=0.0).to(gl.float32)
-    a1 = gl.load(x_ptr + c + 1, mask=m, other=0.0).to(gl.float32)
-    a2 = gl.load(x_ptr + c + 2, mask=m, other=0.0).to(gl.float32)
-    a3 = gl.load(x_ptr + c + 3, mask=m, other=0.0).to(gl.float32)
-    b0 = gl.load(x_ptr + K2 + c, mask=m, other=0.0).to(gl.float32) * 0.0625
-    b1 = gl.load(x_ptr + K2 + c + 1, mask=m, other=0.0).to(gl.float32) * 0.0625
-    b2 = gl.load(x_ptr + K2 + c + 2, mask=m, other=0.0).to(gl.float32) * 0.0625
-    b3 = gl.load(x_ptr + K2 + c + 3, mask=m, other=0.0).to(gl.float32) * 0.0625
-    return _wide(_pair(a0, a2), _pair(a1, a3)), _wide(_pair(b0, b2), _pair(b1, b3))
+    c, m = _x_cols(k_lo, K2, NSTEP, NSTEP_P, WARPS)
+    return _pack_pairs(
+        gl.load(x_ptr + c, mask=m, other=0.0).to(gl.float32),
+        gl.load(x_ptr + c + 1, mask=m, other=0.0).to(gl.float32),
+        gl.load(x_ptr + c + 2, mask=m, other=0.0).to(gl.float32),
+        gl.load(x_ptr + c + 3, mask=m, other=0.0).to(gl.float32),
+        gl.load(x_ptr + K2 + c, mask=m, other=0.0).to(gl.float32),
+        gl.load(x_ptr + K2 + c + 1, mask=m, other=0.0).to(gl.float32),
+        gl.load(x_ptr + K2 + c + 2, mask=m, other=0.0).to(gl.float32),
+        gl.load(x_ptr + K2 + c + 3, mask=m, other=0.0).to(gl.float32),
+    )
 
 
 @gluon.jit

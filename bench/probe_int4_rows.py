@@ -41,9 +41,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from bench.engine_gpu import graph_time_ms
+from bench.int4_layer_chain import EPS, KINDS, FusedChain, LayerChain
 from bench.probe_int4_chain import _spin_until, check_resident
-from bench.probe_int4_layers import KINDS, LayerChain
-from bench.probe_int4_mma_kernels import STEP, X_SMEM, _step, _x_pairs
+from bench.probe_int4_mma_kernels import STEP, X_SMEM, _pack_pairs, _step, _x_cols, _x_pairs
 
 XP = gl.constexpr(64)
 """x's pair rows in shared memory: the longest K's steps (down's 56), a power of two."""
@@ -156,10 +156,77 @@ def _ring_scales(scs, st, L2: gl.constexpr):
 
 
 @gluon.jit
+def _h(y_ptr, r_ptr, c, m):
+    """``y + r`` at ``c``, rounded to bf16 as ``reference.rms_norm_residual`` rounds the residual, as fp32."""
+    y = gl.load(y_ptr + c, mask=m, other=0.0).to(gl.float32)
+    return (y + gl.load(r_ptr + c, mask=m, other=0.0).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
+
+
+@gluon.jit
+def _normed(h, w_ptr, c, m, rstd):
+    """``weight * rmsnorm(h)`` at ``c``, each product rounded as ``reference.rms_norm_residual`` rounds it."""
+    n = (h * rstd).to(gl.bfloat16).to(gl.float32)
+    return (gl.load(w_ptr + c, mask=m, other=0.0).to(gl.float32) * n).to(gl.bfloat16).to(gl.float32)
+
+
+@gluon.jit
+def _x_normed(y_ptr, r_in, r_out, w_ptr, eps, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WARPS: gl.constexpr):
+    """x's pairs of ``rms_norm_residual(y, r_in, w)``: every program makes the whole norm; program 0 writes ``h`` to ``r_out``."""
+    c, m = _x_cols(0, K2, NSTEP, NSTEP_P, WARPS)
+    h0 = _h(y_ptr, r_in, c, m)
+    h1 = _h(y_ptr, r_in, c + 1, m)
+    h2 = _h(y_ptr, r_in, c + 2, m)
+    h3 = _h(y_ptr, r_in, c + 3, m)
+    g0 = _h(y_ptr, r_in, K2 + c, m)
+    g1 = _h(y_ptr, r_in, K2 + c + 1, m)
+    g2 = _h(y_ptr, r_in, K2 + c + 2, m)
+    g3 = _h(y_ptr, r_in, K2 + c + 3, m)
+    sq = h0 * h0 + h1 * h1 + h2 * h2 + h3 * h3 + g0 * g0 + g1 * g1 + g2 * g2 + g3 * g3
+    rstd = gl.rsqrt(gl.sum(gl.sum(sq, axis=1), axis=0) / (2 * K2) + eps)
+    if gl.program_id(0) == 0:
+        mo = m & (c >= 0)
+        gl.store(r_out + c, h0.to(gl.bfloat16), mask=mo)
+        gl.store(r_out + c + 1, h1.to(gl.bfloat16), mask=mo)
+        gl.store(r_out + c + 2, h2.to(gl.bfloat16), mask=mo)
+        gl.store(r_out + c + 3, h3.to(gl.bfloat16), mask=mo)
+        gl.store(r_out + K2 + c, g0.to(gl.bfloat16), mask=mo)
+        gl.store(r_out + K2 + c + 1, g1.to(gl.bfloat16), mask=mo)
+        gl.store(r_out + K2 + c + 2, g2.to(gl.bfloat16), mask=mo)
+        gl.store(r_out + K2 + c + 3, g3.to(gl.bfloat16), mask=mo)
+    return _pack_pairs(
+        _normed(h0, w_ptr, c, m, rstd), _normed(h1, w_ptr, c + 1, m, rstd),
+        _normed(h2, w_ptr, c + 2, m, rstd), _normed(h3, w_ptr, c + 3, m, rstd),
+        _normed(g0, w_ptr, K2 + c, m, rstd), _normed(g1, w_ptr, K2 + c + 1, m, rstd),
+        _normed(g2, w_ptr, K2 + c + 2, m, rstd), _normed(g3, w_ptr, K2 + c + 3, m, rstd),
+    )  # fmt: skip
+
+
+@gluon.jit
+def _glu(y_ptr, c, m, inter):
+    """``silu(g) * u`` at ``c`` of ``y = [g | u]`` (``inter`` columns each), in fp32, rounded once (``reference.silu_and_mul``)."""
+    g = gl.load(y_ptr + c, mask=m, other=0.0).to(gl.float32)
+    u = gl.load(y_ptr + inter + c, mask=m, other=0.0).to(gl.float32)
+    return (g / (1.0 + gl.exp(-g)) * u).to(gl.bfloat16).to(gl.float32)
+
+
+@gluon.jit
+def _x_glu(y_ptr, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WARPS: gl.constexpr):
+    """x's pairs of ``silu_and_mul(y)``, ``y`` the gate_up output ``[gate | up]`` of ``2 K2`` columns each."""
+    c, m = _x_cols(0, K2, NSTEP, NSTEP_P, WARPS)
+    return _pack_pairs(
+        _glu(y_ptr, c, m, 2 * K2), _glu(y_ptr, c + 1, m, 2 * K2), _glu(y_ptr, c + 2, m, 2 * K2),
+        _glu(y_ptr, c + 3, m, 2 * K2), _glu(y_ptr, K2 + c, m, 2 * K2), _glu(y_ptr, K2 + c + 1, m, 2 * K2),
+        _glu(y_ptr, K2 + c + 2, m, 2 * K2), _glu(y_ptr, K2 + c + 3, m, 2 * K2),
+    )  # fmt: skip
+
+
+@gluon.jit
 def _gemv(
     d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
     x_src, y_ptr, cnt_ptr, link, layer, layer_lo, LAYERS,
     wait,  # spin on the GEMV before (not where a PDL wait at the launch's start covered it)
+    XIN: gl.constexpr,  # x is: 0 x_src as it is, 1 rms_norm_residual(x_src, r_in, w_norm) (h to r_out), 2 silu_and_mul(x_src)
+    r_in, r_out, w_norm, eps,
     N: gl.constexpr, B: gl.constexpr,  # this GEMV's rows and packed bytes a row
     T0: gl.constexpr, T1: gl.constexpr, T2: gl.constexpr, T3: gl.constexpr,
     S0: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, S3: gl.constexpr,
@@ -184,7 +251,12 @@ def _gemv(
     mine = (T - pid + P - 1) // P  # this program's tiles: pid, pid + P, ...
     if wait:
         _spin_until(cnt_ptr + link - 1, P)
-    ab, cd = _x_pairs(x_src, 0, B, NS, XP, WARPS)
+    if XIN == 1:
+        ab, cd = _x_normed(x_src, r_in, r_out, w_norm, eps, B, NS, XP, WARPS)
+    elif XIN == 2:
+        ab, cd = _x_glu(x_src, B, NS, XP, WARPS)
+    else:
+        ab, cd = _x_pairs(x_src, 0, B, NS, XP, WARPS)
     gl.thread_barrier()  # every lane is done with the last GEMV's pairs and sums
     ab_s.store(ab)
     cd_s.store(cd)
@@ -229,12 +301,14 @@ def _gemv(
 @gluon.jit
 def _rows_kernel(
     d0, d1, d2, d3, sd0, zd0, sd1, zd1, sd2, zd2, sd3, zd3, x_ptr, y0, y1, y2, y3, cnt_ptr, layer_lo, LAYERS,
+    res_ptr, wn_ptr, zero_ptr, eps,  # FUSED: the residual stream (2 LAYERS, H); norm weights (2 LAYERS, H); H zeros
     N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr,  # rows of qkv, o, gate_up, down
     B0: gl.constexpr, B1: gl.constexpr, B2: gl.constexpr, B3: gl.constexpr,  # their packed bytes a row (K / 2)
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     SUB: gl.constexpr,
     PDL: gl.constexpr,  # launched a layer at a time with programmatic dependent launch
+    FUSED: gl.constexpr = False,  # the norms and SiLU-and-mul between the GEMVs, as a decode step has them
 ):  # fmt: skip
     """Layers ``layer_lo .. layer_lo + LAYERS - 1`` of (qkv, o, gate_up, down); outputs ``y_k`` (all layers, N_k).
 
@@ -243,6 +317,7 @@ def _rows_kernel(
     """
     gl.static_assert(N0 % 16 == 0 and N1 % 16 == 0 and N2 % 16 == 0 and N3 % 16 == 0)
     gl.static_assert(WARPS * 2 >= 16)  # a scale box's row (WARPS bf16) is TMA's 16 bytes at least
+    H: gl.constexpr = 2 * B0  # the hidden size: qkv's K
     NS0: gl.constexpr = B0 // STEP
     NS1: gl.constexpr = B1 // STEP
     NS2: gl.constexpr = B2 // STEP
@@ -293,21 +368,36 @@ def _rows_kernel(
         if not PDL:
             wait_q = layer > 0
         later = li >= 0
+        # FUSED: qkv's x is the attention norm of down's output plus the residual (layer 0: of x, plus
+        # zeros), gate_up's the MLP norm of o's, down's SiLU-and-mul of gate_up's; program 0 keeps the residual
+        XQ: gl.constexpr = 1 if FUSED else 0
+        XG: gl.constexpr = 1 if FUSED else 0
+        XD: gl.constexpr = 2 if FUSED else 0
+        r_prev = res_ptr + (2 * layer - 1) * H
+        if FUSED and layer == 0:
+            xq = zero_ptr
+            r_prev = x_ptr
+        r_q = res_ptr + 2 * layer * H
+        r_g = r_q + H
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
-            xq, y0, cnt_ptr, link, layer, layer_lo, LAYERS, wait_q, N0, B0, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
+            xq, y0, cnt_ptr, link, layer, layer_lo, LAYERS, wait_q, XQ, r_prev, r_q, wn_ptr + 2 * layer * H, eps,
+            N0, B0, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
-            y0 + layer * N0, y1, cnt_ptr, link + 1, layer, layer_lo, LAYERS, later, N1, B1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
+            y0 + layer * N0, y1, cnt_ptr, link + 1, layer, layer_lo, LAYERS, later, 0, r_q, r_q, wn_ptr, eps,
+            N1, B1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
-            y1 + layer * N1, y2, cnt_ptr, link + 2, layer, layer_lo, LAYERS, later, N2, B2, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
+            y1 + layer * N1, y2, cnt_ptr, link + 2, layer, layer_lo, LAYERS, later, XG, r_q, r_g,
+            wn_ptr + (2 * layer + 1) * H, eps, N2, B2, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
-            y2 + layer * N2, y3, cnt_ptr, link + 3, layer, layer_lo, LAYERS, later, N3, B3, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
+            y2 + layer * N2, y3, cnt_ptr, link + 3, layer, layer_lo, LAYERS, later, XD, r_g, r_g, wn_ptr, eps,
+            N3, B3, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
         )  # fmt: skip
 
 
@@ -318,16 +408,19 @@ def main() -> None:
     ap.add_argument("--stages", default="3,4", help="ring depths to try")
     ap.add_argument("--modes", default="one,layer", help="one launch for all layers, or one a layer with PDL")
     ap.add_argument("--per-sm", type=int, default=2, help="programs a multiprocessor (all must be resident)")
+    ap.add_argument("--fused", type=int, default=0, help="1: the norms and SiLU-and-mul between the GEMVs (FusedChain)")
     ap.add_argument("--sub", type=int, default=0, help="1: q - 8 in fp16; 0: 1024 + q, the offset out in fp32")
     ap.add_argument("--json", default="bench/results/probe_int4_rows.json")
     args = ap.parse_args()
     layers, warps = args.layers, args.warps
-    chain = LayerChain(layers)
+    chain = FusedChain(layers) if args.fused else LayerChain(layers)
     dims = chain.dims
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M")}
     res.update({"layers": layers, "mb": chain.mb, "streaming_us_at_3tbs": chain.mb / 3.0, "warps": warps})
+    res["fused"] = bool(args.fused)
     chain.library()
-    res["library_err_max"] = chain.errors(chain.library_outputs(), [0, layers // 2])
+    if not isinstance(chain, FusedChain):
+        res["library_err_max"] = chain.errors(chain.library_outputs(), [0, layers // 2])
     res["library_us"] = [graph_time_ms(chain.library) * 1e3 for _ in range(3)]
     print(f"{layers} layers, {chain.mb:.0f} MB, {chain.mb / 3.0:.0f} us at 3 TB/s; library {res['library_us']} us")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -349,6 +442,10 @@ def main() -> None:
     ys = {name: torch.empty(layers, dims[name][0], device="cuda", dtype=torch.bfloat16) for name in KINDS}
     cnt = torch.zeros(4 * layers, dtype=torch.int32, device="cuda")
     maxnreg = min(255, 65536 // (32 * warps * args.per_sm))  # registers for all programs of a multiprocessor
+    if isinstance(chain, FusedChain):
+        stream = (chain.res, chain.wn, chain.zeros, EPS)
+    else:  # not read
+        stream = (chain.x0, chain.x0, chain.x0, EPS)
     shape = {f"N{j}": dims[name][0] for j, name in enumerate(KINDS)} | {f"B{j}": dims[name][1] // 2 for j, name in enumerate(KINDS)}  # fmt: skip
     res["runs"] = {}
     for stages in (int(s) for s in args.stages.split(",")):
@@ -359,17 +456,18 @@ def main() -> None:
 
             def persistent(stages: int = stages, mode: str = mode) -> None:
                 cnt.zero_()
-                meta = dict(shape, WARPS=warps, STAGES=stages, SUB=bool(args.sub), num_warps=warps, maxnreg=maxnreg)
+                meta = dict(shape, WARPS=warps, STAGES=stages, SUB=bool(args.sub), FUSED=bool(args.fused), num_warps=warps, maxnreg=maxnreg)  # fmt: skip
                 outs = [ys[name] for name in KINDS]
                 if mode == "one":
-                    _rows_kernel[(programs,)](*descs, *sz_descs, chain.x0, *outs, cnt, 0, layers, PDL=False, **meta)
+                    _rows_kernel[(programs,)](*descs, *sz_descs, chain.x0, *outs, cnt, 0, layers, *stream, PDL=False, **meta)  # fmt: skip
                 else:
                     for i in range(layers):
-                        _rows_kernel[(programs,)](*descs, *sz_descs, chain.x0, *outs, cnt, i, 1, PDL=True, launch_pdl=True, **meta)  # fmt: skip
+                        _rows_kernel[(programs,)](*descs, *sz_descs, chain.x0, *outs, cnt, i, 1, *stream, PDL=True, launch_pdl=True, **meta)  # fmt: skip
 
             persistent()
             torch.cuda.synchronize()
-            err = chain.errors(ys, [0, layers // 2, layers - 1])
+            check = [0, layers // 2, layers - 1]
+            err = chain.fused_errors(ys, chain.res, check) if isinstance(chain, FusedChain) else chain.errors(ys, check)
             us = [graph_time_ms(persistent) * 1e3 for _ in range(3)]
             res["runs"][f"{mode} {stages} stages"] = {"err_max": err, "us": us}
             print(f"{mode}, {stages} stages: {us} us ({us[-1] / layers:.1f} a layer), max rel err {err:.2e}", flush=True)  # fmt: skip
