@@ -88,6 +88,14 @@ class FusedChain(LayerChain):
 
     def __init__(self, layers: int) -> None:
         super().__init__(layers)
+        # gate_up's rows, scales and zeros by tiles of 16: 8 gate rows, then the same 8 up rows
+        inter = self.dims["gate_up"][0] // 2
+        idx = torch.arange(inter, device="cuda").view(-1, 8)  # (tiles, 8)
+        self.glu_rows = torch.cat([idx, idx + inter], dim=1).reshape(-1)
+        self.ws_glu: list[Weight] = [
+            (p[self.glu_rows].contiguous(), s[self.glu_rows].contiguous(), z[self.glu_rows].contiguous())
+            for p, s, z in self.ws["gate_up"]
+        ]
         hidden = self.dims["o"][0]
         gen = torch.Generator(device="cuda").manual_seed(1)
         self.wn = (1 + 0.1 * torch.randn(2 * layers, hidden, device="cuda", generator=gen)).to(torch.bfloat16)
@@ -109,7 +117,7 @@ class FusedChain(LayerChain):
     def fused_errors(self, y: dict[str, torch.Tensor], res: torch.Tensor, check: list[int]) -> float:
         """The worst relative error of layers ``check``' GEMVs and residuals, each GEMV on the input it got.
 
-        ``y`` as the kernels write them (gate_up's output before SiLU-and-mul), ``res`` their residuals.
+        ``y`` as the kernels write them (gate_up's after SiLU-and-mul), ``res`` their residuals.
         """
         worst = 0.0
 
@@ -124,8 +132,10 @@ class FusedChain(LayerChain):
             inputs = {"qkv": h, "o": y["qkv"][i : i + 1, : self.cut("o")]}
             h, r = reference.rms_norm_residual(y["o"][i : i + 1], res[2 * i : 2 * i + 1], self.wn[2 * i + 1], EPS)
             worst = max(worst, rel(res[2 * i + 1 : 2 * i + 2], r))
-            inputs |= {"gate_up": h, "down": reference.silu_and_mul(y["gate_up"][i : i + 1])}
+            inputs |= {"gate_up": h, "down": y["gate_up"][i : i + 1]}
             for name in KINDS:
                 ref = reference.int4_matmul(inputs[name].float(), *self.ws[name][i], 128)
+                if name == "gate_up":
+                    ref = reference.silu_and_mul(ref.to(torch.bfloat16))
                 worst = max(worst, rel(y[name][i : i + 1], ref))
         return worst

@@ -202,36 +202,18 @@ def _x_normed(y_ptr, r_in, r_out, w_ptr, eps, K2, NSTEP: gl.constexpr, NSTEP_P: 
 
 
 @gluon.jit
-def _glu(y_ptr, c, m, inter):
-    """``silu(g) * u`` at ``c`` of ``y = [g | u]`` (``inter`` columns each), in fp32, rounded once (``reference.silu_and_mul``)."""
-    g = gl.load(y_ptr + c, mask=m, other=0.0).to(gl.float32)
-    u = gl.load(y_ptr + inter + c, mask=m, other=0.0).to(gl.float32)
-    return (g / (1.0 + gl.exp(-g)) * u).to(gl.bfloat16).to(gl.float32)
-
-
-@gluon.jit
-def _x_glu(y_ptr, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WARPS: gl.constexpr):
-    """x's pairs of ``silu_and_mul(y)``, ``y`` the gate_up output ``[gate | up]`` of ``2 K2`` columns each."""
-    c, m = _x_cols(0, K2, NSTEP, NSTEP_P, WARPS)
-    return _pack_pairs(
-        _glu(y_ptr, c, m, 2 * K2), _glu(y_ptr, c + 1, m, 2 * K2), _glu(y_ptr, c + 2, m, 2 * K2),
-        _glu(y_ptr, c + 3, m, 2 * K2), _glu(y_ptr, K2 + c, m, 2 * K2), _glu(y_ptr, K2 + c + 1, m, 2 * K2),
-        _glu(y_ptr, K2 + c + 2, m, 2 * K2), _glu(y_ptr, K2 + c + 3, m, 2 * K2),
-    )  # fmt: skip
-
-
-@gluon.jit
 def _gemv(
     d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
     x_src, y_ptr, cnt_ptr, link, layer, layer_lo, LAYERS,
     wait,  # spin on the GEMV before (not where a PDL wait at the launch's start covered it)
-    XIN: gl.constexpr,  # x is: 0 x_src as it is, 1 rms_norm_residual(x_src, r_in, w_norm) (h to r_out), 2 silu_and_mul(x_src)
+    XIN: gl.constexpr,  # x is: 0 x_src as it is, 1 rms_norm_residual(x_src, r_in, w_norm) (h to r_out)
     r_in, r_out, w_norm, eps,
     N: gl.constexpr, B: gl.constexpr,  # this GEMV's rows and packed bytes a row
     T0: gl.constexpr, T1: gl.constexpr, T2: gl.constexpr, T3: gl.constexpr,
     S0: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, S3: gl.constexpr,
     N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr,
     WARPS: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr, MAXT: gl.constexpr,
+    GLU: gl.constexpr = False,  # write silu_and_mul of the output (gate and up rows a tile's top and bottom), (N / 2,)
 ):  # fmt: skip
     """One GEMV of one layer: wait for its x, make x's pairs, run this program's tiles; returns the ring's state.
 
@@ -253,8 +235,6 @@ def _gemv(
         _spin_until(cnt_ptr + link - 1, P)
     if XIN == 1:
         ab, cd = _x_normed(x_src, r_in, r_out, w_norm, eps, B, NS, XP, WARPS)
-    elif XIN == 2:
-        ab, cd = _x_glu(x_src, B, NS, XP, WARPS)
     else:
         ab, cd = _x_pairs(x_src, 0, B, NS, XP, WARPS)
     gl.thread_barrier()  # every lane is done with the last GEMV's pairs and sums
@@ -281,18 +261,30 @@ def _gemv(
             pl, pk, pt, pi = _advance(pl, pk, pt, pi, pid, P, T0, T1, T2, T3, S0, S1, S2, S3)
         acc += _step(wt, wb, ab_v.index(i).load(BL), cd_v.index(i).load(BL), sc, SUB, 2)
         t += 1
-        if i == SPT - 1:  # the tile's last stage: each warp's K of its rows' sums, (8, WARPS)
-            sums_s.index(2 * (j // SPT)).store(gl.sum(gl.where(pos == 0, acc, 0.0), axis=2) * 0.25)
-            sums_s.index(2 * (j // SPT) + 1).store(gl.sum(gl.where(pos == 1, acc, 0.0), axis=2) * 0.25)
+        if i == SPT - 1:  # the tile's last stage: each warp's K of its top and bottom rows' sums, (8, WARPS) each
+            sums_s.index(j // SPT).slice(0, WARPS, dim=1).store(gl.sum(gl.where(pos == 0, acc, 0.0), axis=2) * 0.25)
+            sums_s.index(j // SPT).slice(WARPS, WARPS, dim=1).store(gl.sum(gl.where(pos == 1, acc, 0.0), axis=2) * 0.25)  # fmt: skip
             acc = gl.zeros([8, WARPS, 32], gl.float32, BL)
     gl.thread_barrier()  # every lane's sums stored
-    SL: gl.constexpr = gl.BlockedLayout([1, WARPS], [32, 1], [WARPS, 1], [1, 0])  # (2 MAXT x 8 rows, WARPS)
-    f = gl.arange(0, 16 * MAXT, layout=gl.SliceLayout(1, SL))  # (tile j, top or bottom, row)
-    e = f // 8
-    rows = (pid + (e // 2) * P) * 16 + (e % 2) * 8 + f % 8
-    flat = sums_s._reinterpret(gl.float32, [16 * MAXT, WARPS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    y = gl.sum(flat.load(SL), axis=1)  # the warps' K met
-    gl.store(y_ptr + layer * N + rows, y.to(y_ptr.dtype.element_ty), mask=e // 2 < mine)
+    SL: gl.constexpr = gl.BlockedLayout([1, 2 * WARPS], [32, 1], [WARPS, 1], [1, 0])  # (MAXT x 8 rows, top | bottom)
+    f = gl.arange(0, 8 * MAXT, layout=gl.SliceLayout(1, SL))  # (tile j, row)
+    w = gl.expand_dims(gl.arange(0, 2 * WARPS, layout=gl.SliceLayout(0, SL)), 0)
+    flat = sums_s._reinterpret(gl.float32, [8 * MAXT, 2 * WARPS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    v = flat.load(SL)
+    top = gl.sum(gl.where(w < WARPS, v, 0.0), axis=1)  # the warps' K met
+    bot = gl.sum(gl.where(w < WARPS, 0.0, v), axis=1)
+    tile = pid + (f // 8) * P
+    if (
+        GLU
+    ):  # a tile's top rows are gate rows, its bottom rows the same up rows: silu(gate) * up, as the library rounds it
+        g = top.to(y_ptr.dtype.element_ty).to(gl.float32)
+        u = bot.to(y_ptr.dtype.element_ty).to(gl.float32)
+        out = (g / (1.0 + gl.exp(-g)) * u).to(y_ptr.dtype.element_ty)
+        gl.store(y_ptr + layer * (N // 2) + tile * 8 + f % 8, out, mask=f // 8 < mine)
+    else:
+        rows = tile * 16 + f % 8
+        gl.store(y_ptr + layer * N + rows, top.to(y_ptr.dtype.element_ty), mask=f // 8 < mine)
+        gl.store(y_ptr + layer * N + rows + 8, bot.to(y_ptr.dtype.element_ty), mask=f // 8 < mine)
     gl.thread_barrier()  # every lane's stores of y before the release
     gl.atomic_add(cnt_ptr + link, 1, sem="release")
     return t, pl, pk, pt, pi
@@ -338,7 +330,7 @@ def _rows_kernel(
     ab_s = gl.allocate_shared_memory(gl.int64, [XP, 32], X_SMEM)
     cd_s = gl.allocate_shared_memory(gl.int64, [XP, 32], X_SMEM)
     MAXT: gl.constexpr = 16  # tiles a program in a GEMV, at most (gate_up's 1,792 over 132 programs: 14)
-    sums_s = gl.allocate_shared_memory(gl.float32, [2 * MAXT, 8, WARPS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    sums_s = gl.allocate_shared_memory(gl.float32, [MAXT, 8, 2 * WARPS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     scs = gl.allocate_shared_memory(sd0.dtype, [4 * STAGES, 16, WARPS], sd0.layout)
     sds = (sd0, zd0, sd1, zd1, sd2, zd2, sd3, zd3)
     for j in gl.static_range(STAGES):
@@ -369,10 +361,9 @@ def _rows_kernel(
             wait_q = layer > 0
         later = li >= 0
         # FUSED: qkv's x is the attention norm of down's output plus the residual (layer 0: of x, plus
-        # zeros), gate_up's the MLP norm of o's, down's SiLU-and-mul of gate_up's; program 0 keeps the residual
+        # zeros), gate_up's the MLP norm of o's; gate_up writes SiLU-and-mul; program 0 keeps the residual
         XQ: gl.constexpr = 1 if FUSED else 0
         XG: gl.constexpr = 1 if FUSED else 0
-        XD: gl.constexpr = 2 if FUSED else 0
         r_prev = res_ptr + (2 * layer - 1) * H
         if FUSED and layer == 0:
             xq = zero_ptr
@@ -393,10 +384,11 @@ def _rows_kernel(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
             y1 + layer * N1, y2, cnt_ptr, link + 2, layer, layer_lo, LAYERS, later, XG, r_q, r_g,
             wn_ptr + (2 * layer + 1) * H, eps, N2, B2, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
+            FUSED,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
-            y2 + layer * N2, y3, cnt_ptr, link + 3, layer, layer_lo, LAYERS, later, XD, r_g, r_g, wn_ptr, eps,
+            y2 + layer * (N2 // 2 if FUSED else N2), y3, cnt_ptr, link + 3, layer, layer_lo, LAYERS, later, 0, r_g, r_g, wn_ptr, eps,
             N3, B3, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
         )  # fmt: skip
 
@@ -430,16 +422,21 @@ def main() -> None:
     res["programs"] = programs
     lay = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
     descs = []
+    ws = dict(chain.ws)
+    if isinstance(chain, FusedChain):  # gate_up's rows as its SiLU-and-mul epilogue takes them
+        ws["gate_up"] = chain.ws_glu
     for name in KINDS:  # (rows, steps, 32 words): a ring stage is one (16, WARPS, 32) box
-        words = torch.cat([w[0] for w in chain.ws[name]]).view(torch.int32)
+        words = torch.cat([w[0] for w in ws[name]]).view(torch.int32)
         descs.append(TensorDescriptor.from_tensor(words.view(words.shape[0], -1, 32), [16, warps, 32], lay))
     lay_s = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     sz_descs = [
-        TensorDescriptor.from_tensor(torch.cat([w[j] for w in chain.ws[name]]), [16, warps], lay_s)
+        TensorDescriptor.from_tensor(torch.cat([w[j] for w in ws[name]]), [16, warps], lay_s)
         for name in KINDS
         for j in (1, 2)
     ]
     ys = {name: torch.empty(layers, dims[name][0], device="cuda", dtype=torch.bfloat16) for name in KINDS}
+    if isinstance(chain, FusedChain):  # SiLU-and-mul of gate_up's output
+        ys["gate_up"] = torch.empty(layers, dims["down"][1], device="cuda", dtype=torch.bfloat16)
     cnt = torch.zeros(4 * layers, dtype=torch.int32, device="cuda")
     maxnreg = min(255, 65536 // (32 * warps * args.per_sm))  # registers for all programs of a multiprocessor
     if isinstance(chain, FusedChain):
