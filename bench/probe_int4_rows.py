@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from triton.experimental import gluon
@@ -43,7 +43,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from bench.engine_gpu import graph_time_ms
 from bench.int4_layer_chain import EPS, KINDS, FusedChain, LayerChain
 from bench.probe_int4_chain import _spin_until, check_resident
-from bench.probe_int4_mma_kernels import STEP, X_SMEM, _pack_pairs, _step, _x_cols, _x_pairs
+from bench.probe_int4_mma_kernels import STEP, X_SMEM, _pack_pairs, _stamp, _step, _x_cols, _x_pairs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 XP = gl.constexpr(64)
 """x's pair rows in shared memory: the longest K's steps (down's 56), a power of two."""
@@ -163,16 +166,32 @@ def _h(y_ptr, r_ptr, c, m):
 
 
 @gluon.jit
-def _normed(h, w_ptr, c, m, rstd):
-    """``weight * rmsnorm(h)`` at ``c``, each product rounded as ``reference.rms_norm_residual`` rounds it."""
-    n = (h * rstd).to(gl.bfloat16).to(gl.float32)
-    return (gl.load(w_ptr + c, mask=m, other=0.0).to(gl.float32) * n).to(gl.bfloat16).to(gl.float32)
+def _w(w_ptr, c, m):
+    """The norm weight at ``c``, as fp32."""
+    return gl.load(w_ptr + c, mask=m, other=0.0).to(gl.float32)
+
+
+@gluon.jit
+def _normed(h, w, rstd):
+    """``weight * rmsnorm(h)``, each product rounded as ``reference.rms_norm_residual`` rounds it."""
+    return (w * (h * rstd).to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
 
 
 @gluon.jit
 def _x_normed(y_ptr, r_in, r_out, w_ptr, eps, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WARPS: gl.constexpr):
-    """x's pairs of ``rms_norm_residual(y, r_in, w)``: every program makes the whole norm; program 0 writes ``h`` to ``r_out``."""
+    """x's pairs of ``rms_norm_residual(y, r_in, w)``: every program makes the whole norm; program 0 writes ``h`` to ``r_out``.
+
+    The weight's loads go first, so that they are in flight with ``y``'s and ``r_in``'s, not after the sum.
+    """
     c, m = _x_cols(0, K2, NSTEP, NSTEP_P, WARPS)
+    w0 = _w(w_ptr, c, m)
+    w1 = _w(w_ptr, c + 1, m)
+    w2 = _w(w_ptr, c + 2, m)
+    w3 = _w(w_ptr, c + 3, m)
+    v0 = _w(w_ptr, K2 + c, m)
+    v1 = _w(w_ptr, K2 + c + 1, m)
+    v2 = _w(w_ptr, K2 + c + 2, m)
+    v3 = _w(w_ptr, K2 + c + 3, m)
     h0 = _h(y_ptr, r_in, c, m)
     h1 = _h(y_ptr, r_in, c + 1, m)
     h2 = _h(y_ptr, r_in, c + 2, m)
@@ -194,10 +213,8 @@ def _x_normed(y_ptr, r_in, r_out, w_ptr, eps, K2, NSTEP: gl.constexpr, NSTEP_P: 
         gl.store(r_out + K2 + c + 2, g2.to(gl.bfloat16), mask=mo)
         gl.store(r_out + K2 + c + 3, g3.to(gl.bfloat16), mask=mo)
     return _pack_pairs(
-        _normed(h0, w_ptr, c, m, rstd), _normed(h1, w_ptr, c + 1, m, rstd),
-        _normed(h2, w_ptr, c + 2, m, rstd), _normed(h3, w_ptr, c + 3, m, rstd),
-        _normed(g0, w_ptr, K2 + c, m, rstd), _normed(g1, w_ptr, K2 + c + 1, m, rstd),
-        _normed(g2, w_ptr, K2 + c + 2, m, rstd), _normed(g3, w_ptr, K2 + c + 3, m, rstd),
+        _normed(h0, w0, rstd), _normed(h1, w1, rstd), _normed(h2, w2, rstd), _normed(h3, w3, rstd),
+        _normed(g0, v0, rstd), _normed(g1, v1, rstd), _normed(g2, v2, rstd), _normed(g3, v3, rstd),
     )  # fmt: skip
 
 
@@ -214,6 +231,7 @@ def _gemv(
     N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr,
     WARPS: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr, MAXT: gl.constexpr,
     GLU: gl.constexpr = False,  # write silu_and_mul of the output (gate and up rows a tile's top and bottom), (N / 2,)
+    t_ptr=None, TIMES: gl.constexpr = False,  # stamps: the phase's start, spin done, x made, released
 ):  # fmt: skip
     """One GEMV of one layer: wait for its x, make x's pairs, run this program's tiles; returns the ring's state.
 
@@ -231,8 +249,13 @@ def _gemv(
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     mine = (T - pid + P - 1) // P  # this program's tiles: pid, pid + P, ...
+    ts = t_ptr + link * 4  # TIMES: this program's (links, 4) int64 ns
+    if TIMES:
+        gl.store(ts, _stamp("mov.u64 $0, %globaltimer;"))
     if wait:
         _spin_until(cnt_ptr + link - 1, P)
+    if TIMES:
+        gl.store(ts + 1, _stamp("mov.u64 $0, %globaltimer;"))
     if XIN == 1:
         ab, cd = _x_normed(x_src, r_in, r_out, w_norm, eps, B, NS, XP, WARPS)
     else:
@@ -241,6 +264,8 @@ def _gemv(
     ab_s.store(ab)
     cd_s.store(cd)
     gl.thread_barrier()
+    if TIMES:
+        gl.store(ts + 2, _stamp("mov.u64 $0, %globaltimer;"))
     ab_v = ab_s._reinterpret(gl.int64, [XP // WARPS, 1, WARPS, 32], X_SMEM4)
     cd_v = cd_s._reinterpret(gl.int64, [XP // WARPS, 1, WARPS, 32], X_SMEM4)
     cols = gl.expand_dims(gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(0, BL))), 0), 0)
@@ -287,6 +312,8 @@ def _gemv(
         gl.store(y_ptr + layer * N + rows + 8, bot.to(y_ptr.dtype.element_ty), mask=f // 8 < mine)
     gl.thread_barrier()  # every lane's stores of y before the release
     gl.atomic_add(cnt_ptr + link, 1, sem="release")
+    if TIMES:
+        gl.store(ts + 3, _stamp("mov.u64 $0, %globaltimer;"))
     return t, pl, pk, pt, pi
 
 
@@ -294,6 +321,7 @@ def _gemv(
 def _rows_kernel(
     d0, d1, d2, d3, sd0, zd0, sd1, zd1, sd2, zd2, sd3, zd3, x_ptr, y0, y1, y2, y3, cnt_ptr, layer_lo, LAYERS,
     res_ptr, wn_ptr, zero_ptr, eps,  # FUSED: the residual stream (2 LAYERS, H); norm weights (2 LAYERS, H); H zeros
+    t_ptr, n_links,  # TIMES: (programs, n_links, 4) int64 stamps
     N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr,  # rows of qkv, o, gate_up, down
     B0: gl.constexpr, B1: gl.constexpr, B2: gl.constexpr, B3: gl.constexpr,  # their packed bytes a row (K / 2)
     WARPS: gl.constexpr,
@@ -301,6 +329,7 @@ def _rows_kernel(
     SUB: gl.constexpr,
     PDL: gl.constexpr,  # launched a layer at a time with programmatic dependent launch
     FUSED: gl.constexpr = False,  # the norms and SiLU-and-mul between the GEMVs, as a decode step has them
+    TIMES: gl.constexpr = False,  # %globaltimer stamps of every program's every GEMV (_gemv)
 ):  # fmt: skip
     """Layers ``layer_lo .. layer_lo + LAYERS - 1`` of (qkv, o, gate_up, down); outputs ``y_k`` (all layers, N_k).
 
@@ -350,6 +379,7 @@ def _rows_kernel(
         gdc_launch_dependents()
         gdc_wait()
     t = pid * 0
+    t_prog = t_ptr + pid * n_links * 4
     for li in range(LAYERS):
         layer = layer_lo + li
         link = 4 * layer
@@ -373,24 +403,51 @@ def _rows_kernel(
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
             xq, y0, cnt_ptr, link, layer, layer_lo, LAYERS, wait_q, XQ, r_prev, r_q, wn_ptr + 2 * layer * H, eps,
-            N0, B0, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
+            N0, B0, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
             y0 + layer * N0, y1, cnt_ptr, link + 1, layer, layer_lo, LAYERS, later, 0, r_q, r_q, wn_ptr, eps,
-            N1, B1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
+            N1, B1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
             y1 + layer * N1, y2, cnt_ptr, link + 2, layer, layer_lo, LAYERS, later, XG, r_q, r_g,
             wn_ptr + (2 * layer + 1) * H, eps, N2, B2, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
-            FUSED,
+            FUSED, t_prog, TIMES,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
             y2 + layer * (N2 // 2 if FUSED else N2), y3, cnt_ptr, link + 3, layer, layer_lo, LAYERS, later, 0, r_g, r_g, wn_ptr, eps,
-            N3, B3, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
+            N3, B3, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES,
         )  # fmt: skip
+
+
+def timeline(launch: Callable[[], object], cnt: torch.Tensor, stamps: torch.Tensor) -> dict[str, dict[str, float]]:
+    """One stamped launch (after a warm one), summarized per GEMV kind over layers 1 on, medians, us.
+
+    ``critical``: from the GEMV before's last release to this one's; ``seen``: from that release to
+    a program's spin ending; ``x``: making x's pairs; ``work`` / ``work_max``: from there to its release.
+    """
+    for _ in range(2):
+        cnt.zero_()
+        launch()
+    torch.cuda.synchronize()
+    t = stamps.double().cpu() / 1e3  # (programs, links, 4) us
+    done = t[:, :, 3].max(dim=0).values  # (links,)
+    out: dict[str, dict[str, float]] = {}
+    for k, name in enumerate(KINDS):
+        links = [link for link in range(4, t.shape[1]) if link % 4 == k]
+        rows = {
+            "critical": [float(done[link] - done[link - 1]) for link in links],
+            "seen": [float((t[:, link, 1] - done[link - 1]).median()) for link in links],
+            "x": [float((t[:, link, 2] - t[:, link, 1]).median()) for link in links],
+            "work": [float((t[:, link, 3] - t[:, link, 2]).median()) for link in links],
+            "work_max": [float((t[:, link, 3] - t[:, link, 2]).max()) for link in links],
+        }
+        out[name] = {key: sorted(v)[len(v) // 2] for key, v in rows.items()}
+        print(f"{name}: " + ", ".join(f"{key} {v:.2f}" for key, v in out[name].items()) + " us (medians over layers)")
+    return out
 
 
 def main() -> None:
@@ -401,6 +458,9 @@ def main() -> None:
     ap.add_argument("--modes", default="one,layer", help="one launch for all layers, or one a layer with PDL")
     ap.add_argument("--per-sm", type=int, default=2, help="programs a multiprocessor (all must be resident)")
     ap.add_argument("--fused", type=int, default=0, help="1: the norms and SiLU-and-mul between the GEMVs (FusedChain)")
+    ap.add_argument(
+        "--times", type=int, default=0, help="1: also a run with every program's stamps a GEMV (one launch)"
+    )
     ap.add_argument("--sub", type=int, default=0, help="1: q - 8 in fp16; 0: 1024 + q, the offset out in fp32")
     ap.add_argument("--json", default="bench/results/probe_int4_rows.json")
     args = ap.parse_args()
@@ -443,6 +503,7 @@ def main() -> None:
         stream = (chain.res, chain.wn, chain.zeros, EPS)
     else:  # not read
         stream = (chain.x0, chain.x0, chain.x0, EPS)
+    stamps = torch.zeros(programs, 4 * layers, 4, dtype=torch.int64, device="cuda")
     shape = {f"N{j}": dims[name][0] for j, name in enumerate(KINDS)} | {f"B{j}": dims[name][1] // 2 for j, name in enumerate(KINDS)}  # fmt: skip
     res["runs"] = {}
     for stages in (int(s) for s in args.stages.split(",")):
@@ -456,10 +517,10 @@ def main() -> None:
                 meta = dict(shape, WARPS=warps, STAGES=stages, SUB=bool(args.sub), FUSED=bool(args.fused), num_warps=warps, maxnreg=maxnreg)  # fmt: skip
                 outs = [ys[name] for name in KINDS]
                 if mode == "one":
-                    _rows_kernel[(programs,)](*descs, *sz_descs, chain.x0, *outs, cnt, 0, layers, *stream, PDL=False, **meta)  # fmt: skip
+                    _rows_kernel[(programs,)](*descs, *sz_descs, chain.x0, *outs, cnt, 0, layers, *stream, stamps, 4 * layers, PDL=False, **meta)  # fmt: skip
                 else:
                     for i in range(layers):
-                        _rows_kernel[(programs,)](*descs, *sz_descs, chain.x0, *outs, cnt, i, 1, *stream, PDL=True, launch_pdl=True, **meta)  # fmt: skip
+                        _rows_kernel[(programs,)](*descs, *sz_descs, chain.x0, *outs, cnt, i, 1, *stream, stamps, 4 * layers, PDL=True, launch_pdl=True, **meta)  # fmt: skip
 
             persistent()
             torch.cuda.synchronize()
@@ -468,6 +529,15 @@ def main() -> None:
             us = [graph_time_ms(persistent) * 1e3 for _ in range(3)]
             res["runs"][f"{mode} {stages} stages"] = {"err_max": err, "us": us}
             print(f"{mode}, {stages} stages: {us} us ({us[-1] / layers:.1f} a layer), max rel err {err:.2e}", flush=True)  # fmt: skip
+    if args.times:
+        res["times"] = timeline(
+            lambda: _rows_kernel[(programs,)](
+                *descs, *sz_descs, chain.x0, *(ys[name] for name in KINDS), cnt, 0, layers, *stream, stamps,
+                4 * layers, PDL=False, TIMES=True, **dict(shape, WARPS=warps, STAGES=stages, SUB=bool(args.sub),
+                FUSED=bool(args.fused), num_warps=warps, maxnreg=maxnreg),
+            ),
+            cnt, stamps,
+        )  # fmt: skip
     res["library_us_after"] = [graph_time_ms(chain.library) * 1e3 for _ in range(2)]
     print(f"library again: {res['library_us_after']} ({res['library_us_after'][-1] / layers:.1f} a layer)")
     with open(args.json, "w") as f:
