@@ -29,6 +29,7 @@ rotary, attention or SiLU-and-mul. Compiled only (Gluon and PTX); nothing in the
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -219,17 +220,50 @@ def _x_normed(y_ptr, r_in, r_out, w_ptr, eps, K2, NSTEP: gl.constexpr, NSTEP_P: 
 
 
 @gluon.jit
+def _unit_at(pl, pk, pt, pi, layer_lo, S0: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, S3: gl.constexpr,
+             N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr, KS0: gl.constexpr,
+             WARPS: gl.constexpr):  # fmt: skip
+    """The producer cursor's weight row, stage of the row and steps a row (qkv's units are ``1 / KS0`` of a tile's K)."""
+    ks = pk * 0 + 1
+    if pk == 0:
+        ks = ks * 0 + KS0
+    row = (layer_lo + pl) * _rows_of(pk, N0, N1, N2, N3) + (pt // ks) * 16
+    spu = _rows_of(pk, S0, S1, S2, S3)  # stages a unit
+    return row, (pt % ks) * spu + pi, spu * ks * WARPS
+
+
+@gluon.jit
+def _x_partials(p_ptr, N, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WARPS: gl.constexpr):
+    """x's pairs of the sum of two fp32 partials ``p[0], p[1]`` (``N`` apart), rounded to bf16 once as one output would be."""
+    c, m = _x_cols(0, K2, NSTEP, NSTEP_P, WARPS)
+    return _pack_pairs(
+        _sum2(p_ptr, N, c, m), _sum2(p_ptr, N, c + 1, m), _sum2(p_ptr, N, c + 2, m), _sum2(p_ptr, N, c + 3, m),
+        _sum2(p_ptr, N, K2 + c, m), _sum2(p_ptr, N, K2 + c + 1, m), _sum2(p_ptr, N, K2 + c + 2, m),
+        _sum2(p_ptr, N, K2 + c + 3, m),
+    )  # fmt: skip
+
+
+@gluon.jit
+def _sum2(p_ptr, N, c, m):
+    """``bf16(p[0][c] + p[1][c])`` as fp32."""
+    a = gl.load(p_ptr + c, mask=m, other=0.0)
+    return (a + gl.load(p_ptr + N + c, mask=m, other=0.0)).to(gl.bfloat16).to(gl.float32)
+
+
+@gluon.jit
 def _gemv(
     d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
     x_src, y_ptr, cnt_ptr, link, layer, layer_lo, LAYERS,
     wait,  # spin on the GEMV before (not where a PDL wait at the launch's start covered it)
-    XIN: gl.constexpr,  # x is: 0 x_src as it is, 1 rms_norm_residual(x_src, r_in, w_norm) (h to r_out)
+    XIN: gl.constexpr,  # x: 0 x_src, 1 rms_norm_residual(x_src, r_in, w_norm) (h to r_out), 2 x_src + (x_src + r_in)
     r_in, r_out, w_norm, eps,
     N: gl.constexpr, B: gl.constexpr,  # this GEMV's rows and packed bytes a row
+    KS: gl.constexpr,  # its K split: a unit is a tile's 1 / KS of K, its output KS fp32 partials (KS, N)
     T0: gl.constexpr, T1: gl.constexpr, T2: gl.constexpr, T3: gl.constexpr,
     S0: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, S3: gl.constexpr,
     N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr,
     WARPS: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr, MAXT: gl.constexpr,
+    KS0: gl.constexpr = 1,  # qkv's K split (the producer's cursor must know it)
     GLU: gl.constexpr = False,  # write silu_and_mul of the output (gate and up rows a tile's top and bottom), (N / 2,)
     t_ptr=None, TIMES: gl.constexpr = False,  # stamps: the phase's start, spin done, x made, released
 ):  # fmt: skip
@@ -244,11 +278,11 @@ def _gemv(
     )  # (8 rows, WARPS steps, 32 words)
     L2: gl.constexpr = gl.SliceLayout(2, BL)
     NS: gl.constexpr = B // STEP  # steps a row
-    SPT: gl.constexpr = NS // WARPS  # ring stages a tile
-    T: gl.constexpr = N // 16
+    SPT: gl.constexpr = NS // WARPS // KS  # ring stages a unit
+    T: gl.constexpr = KS * N // 16  # units
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    mine = (T - pid + P - 1) // P  # this program's tiles: pid, pid + P, ...
+    mine = (T - pid + P - 1) // P  # this program's units: pid, pid + P, ...
     ts = t_ptr + link * 4  # TIMES: this program's (links, 4) int64 ns
     if TIMES:
         gl.store(ts, _stamp("mov.u64 $0, %globaltimer;"))
@@ -258,6 +292,8 @@ def _gemv(
         gl.store(ts + 1, _stamp("mov.u64 $0, %globaltimer;"))
     if XIN == 1:
         ab, cd = _x_normed(x_src, r_in, r_out, w_norm, eps, B, NS, XP, WARPS)
+    elif XIN == 2:
+        ab, cd = _x_partials(x_src, r_in, B, NS, XP, WARPS)
     else:
         ab, cd = _x_pairs(x_src, 0, B, NS, XP, WARPS)
     gl.thread_barrier()  # every lane is done with the last GEMV's pairs and sums
@@ -280,11 +316,11 @@ def _gemv(
         sc = _ring_scales(scs, st, L2)
         gl.thread_barrier()  # every lane has read the stage before it is refilled
         if pl < LAYERS:  # the ring runs on, into the next tiles' weights whatever GEMV or layer they are
-            prow = (layer_lo + pl) * _rows_of(pk, N0, N1, N2, N3) + pt * 16
-            pns = _rows_of(pk, S0, S1, S2, S3) * WARPS
-            _issue(d0, d1, d2, d3, sds, bars, bufs, scs, t + STAGES, pk, prow, pi, pns, WARPS, STAGES)
+            prow, pst, pns = _unit_at(pl, pk, pt, pi, layer_lo, S0, S1, S2, S3, N0, N1, N2, N3, KS0, WARPS)
+            _issue(d0, d1, d2, d3, sds, bars, bufs, scs, t + STAGES, pk, prow, pst, pns, WARPS, STAGES)
             pl, pk, pt, pi = _advance(pl, pk, pt, pi, pid, P, T0, T1, T2, T3, S0, S1, S2, S3)
-        acc += _step(wt, wb, ab_v.index(i).load(BL), cd_v.index(i).load(BL), sc, SUB, 2)
+        k = ((pid + (j // SPT) * P) % KS) * SPT + i  # the stage's place in the row
+        acc += _step(wt, wb, ab_v.index(k).load(BL), cd_v.index(k).load(BL), sc, SUB, 2)
         t += 1
         if i == SPT - 1:  # the tile's last stage: each warp's K of its top and bottom rows' sums, (8, WARPS) each
             sums_s.index(j // SPT).slice(0, WARPS, dim=1).store(gl.sum(gl.where(pos == 0, acc, 0.0), axis=2) * 0.25)
@@ -298,18 +334,19 @@ def _gemv(
     v = flat.load(SL)
     top = gl.sum(gl.where(w < WARPS, v, 0.0), axis=1)  # the warps' K met
     bot = gl.sum(gl.where(w < WARPS, 0.0, v), axis=1)
-    tile = pid + (f // 8) * P
+    unit = pid + (f // 8) * P
+    tile = unit // KS
     if (
         GLU
-    ):  # a tile's top rows are gate rows, its bottom rows the same up rows: silu(gate) * up, as the library rounds it
+    ):  # a tile's top rows are gate rows, its bottom rows the same up rows: silu(gate) * up as the library rounds it
         g = top.to(y_ptr.dtype.element_ty).to(gl.float32)
         u = bot.to(y_ptr.dtype.element_ty).to(gl.float32)
         out = (g / (1.0 + gl.exp(-g)) * u).to(y_ptr.dtype.element_ty)
         gl.store(y_ptr + layer * (N // 2) + tile * 8 + f % 8, out, mask=f // 8 < mine)
     else:
-        rows = tile * 16 + f % 8
-        gl.store(y_ptr + layer * N + rows, top.to(y_ptr.dtype.element_ty), mask=f // 8 < mine)
-        gl.store(y_ptr + layer * N + rows + 8, bot.to(y_ptr.dtype.element_ty), mask=f // 8 < mine)
+        rows = (unit % KS) * N + tile * 16 + f % 8
+        gl.store(y_ptr + layer * KS * N + rows, top.to(y_ptr.dtype.element_ty), mask=f // 8 < mine)
+        gl.store(y_ptr + layer * KS * N + rows + 8, bot.to(y_ptr.dtype.element_ty), mask=f // 8 < mine)
     gl.thread_barrier()  # every lane's stores of y before the release
     gl.atomic_add(cnt_ptr + link, 1, sem="release")
     if TIMES:
@@ -330,6 +367,7 @@ def _rows_kernel(
     PDL: gl.constexpr,  # launched a layer at a time with programmatic dependent launch
     FUSED: gl.constexpr = False,  # the norms and SiLU-and-mul between the GEMVs, as a decode step has them
     TIMES: gl.constexpr = False,  # %globaltimer stamps of every program's every GEMV (_gemv)
+    QKV_SPLIT: gl.constexpr = 1,  # 2: qkv's units are half tiles (384 tiles, 768 units), its output 2 fp32 partials
 ):  # fmt: skip
     """Layers ``layer_lo .. layer_lo + LAYERS - 1`` of (qkv, o, gate_up, down); outputs ``y_k`` (all layers, N_k).
 
@@ -345,11 +383,11 @@ def _rows_kernel(
     NS3: gl.constexpr = B3 // STEP
     gl.static_assert(NS0 % WARPS == 0 and NS1 % WARPS == 0 and NS2 % WARPS == 0 and NS3 % WARPS == 0)
     gl.static_assert(NS0 <= XP and NS1 <= XP and NS2 <= XP and NS3 <= XP)
-    T0: gl.constexpr = N0 // 16
+    T0: gl.constexpr = QKV_SPLIT * N0 // 16  # units: a tile's 1 / QKV_SPLIT of K
     T1: gl.constexpr = N1 // 16
     T2: gl.constexpr = N2 // 16
     T3: gl.constexpr = N3 // 16
-    S0: gl.constexpr = NS0 // WARPS
+    S0: gl.constexpr = NS0 // WARPS // QKV_SPLIT  # stages a unit
     S1: gl.constexpr = NS1 // WARPS
     S2: gl.constexpr = NS2 // WARPS
     S3: gl.constexpr = NS3 // WARPS
@@ -371,9 +409,8 @@ def _rows_kernel(
     pi = pid * 0
     for j in gl.static_range(STAGES):
         if pl < LAYERS:
-            prow = (layer_lo + pl) * _rows_of(pk, N0, N1, N2, N3) + pt * 16
-            pns = _rows_of(pk, S0, S1, S2, S3) * WARPS
-            _issue(d0, d1, d2, d3, sds, bars, bufs, scs, j, pk, prow, pi, pns, WARPS, STAGES)
+            prow, pst, pns = _unit_at(pl, pk, pt, pi, layer_lo, S0, S1, S2, S3, N0, N1, N2, N3, QKV_SPLIT, WARPS)
+            _issue(d0, d1, d2, d3, sds, bars, bufs, scs, j, pk, prow, pst, pns, WARPS, STAGES)
             pl, pk, pt, pi = _advance(pl, pk, pt, pi, pid, gl.num_programs(0), T0, T1, T2, T3, S0, S1, S2, S3)
     if PDL:
         gdc_launch_dependents()
@@ -394,6 +431,7 @@ def _rows_kernel(
         # zeros), gate_up's the MLP norm of o's; gate_up writes SiLU-and-mul; program 0 keeps the residual
         XQ: gl.constexpr = 1 if FUSED else 0
         XG: gl.constexpr = 1 if FUSED else 0
+        XO: gl.constexpr = 2 if QKV_SPLIT == 2 else 0
         r_prev = res_ptr + (2 * layer - 1) * H
         if FUSED and layer == 0:
             xq = zero_ptr
@@ -403,23 +441,22 @@ def _rows_kernel(
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
             xq, y0, cnt_ptr, link, layer, layer_lo, LAYERS, wait_q, XQ, r_prev, r_q, wn_ptr + 2 * layer * H, eps,
-            N0, B0, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES,
+            N0, B0, QKV_SPLIT, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, QKV_SPLIT, False, t_prog, TIMES,
         )  # fmt: skip
-        t, pl, pk, pt, pi = _gemv(
+        t, pl, pk, pt, pi = _gemv(  # o: with QKV_SPLIT, its x is the sum of qkv's two partials
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
-            y0 + layer * N0, y1, cnt_ptr, link + 1, layer, layer_lo, LAYERS, later, 0, r_q, r_q, wn_ptr, eps,
-            N1, B1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES,
+            y0 + layer * QKV_SPLIT * N0, y1, cnt_ptr, link + 1, layer, layer_lo, LAYERS, later, XO, N0, r_q, wn_ptr,
+            eps, N1, B1, 1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, QKV_SPLIT, False, t_prog, TIMES,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
             y1 + layer * N1, y2, cnt_ptr, link + 2, layer, layer_lo, LAYERS, later, XG, r_q, r_g,
-            wn_ptr + (2 * layer + 1) * H, eps, N2, B2, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT,
-            FUSED, t_prog, TIMES,
+            wn_ptr + (2 * layer + 1) * H, eps, N2, B2, 1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, QKV_SPLIT, FUSED, t_prog, TIMES,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
-            y2 + layer * (N2 // 2 if FUSED else N2), y3, cnt_ptr, link + 3, layer, layer_lo, LAYERS, later, 0, r_g, r_g, wn_ptr, eps,
-            N3, B3, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES,
+            y2 + layer * (N2 // 2 if FUSED else N2), y3, cnt_ptr, link + 3, layer, layer_lo, LAYERS, later, 0, r_g,
+            r_g, wn_ptr, eps, N3, B3, 1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, QKV_SPLIT, False, t_prog, TIMES,
         )  # fmt: skip
 
 
@@ -458,6 +495,7 @@ def main() -> None:
     ap.add_argument("--modes", default="one,layer", help="one launch for all layers, or one a layer with PDL")
     ap.add_argument("--per-sm", type=int, default=2, help="programs a multiprocessor (all must be resident)")
     ap.add_argument("--fused", type=int, default=0, help="1: the norms and SiLU-and-mul between the GEMVs (FusedChain)")
+    ap.add_argument("--qkv-split", default="1", help="qkv's K splits to try (2: half tiles, 3 a program)")
     ap.add_argument(
         "--times", type=int, default=0, help="1: also a run with every program's stamps a GEMV (one launch)"
     )
@@ -505,39 +543,40 @@ def main() -> None:
         stream = (chain.x0, chain.x0, chain.x0, EPS)
     stamps = torch.zeros(programs, 4 * layers, 4, dtype=torch.int64, device="cuda")
     shape = {f"N{j}": dims[name][0] for j, name in enumerate(KINDS)} | {f"B{j}": dims[name][1] // 2 for j, name in enumerate(KINDS)}  # fmt: skip
+    qkv_parts = torch.empty(layers, 2 * dims["qkv"][0], device="cuda", dtype=torch.float32)
+
+    def launch(mode: str, stages: int, split: int, times: bool = False) -> None:
+        cnt.zero_()
+        meta = dict(shape, WARPS=warps, STAGES=stages, SUB=bool(args.sub), FUSED=bool(args.fused), QKV_SPLIT=split)
+        meta |= {"TIMES": times, "num_warps": warps, "maxnreg": maxnreg}
+        outs = [qkv_parts if split == 2 else ys["qkv"], *(ys[name] for name in KINDS[1:])]
+        for i in range(layers) if mode == "layer" else [0]:
+            n, pdl = (1, True) if mode == "layer" else (layers, False)
+            _rows_kernel[(programs,)](
+                *descs, *sz_descs, chain.x0, *outs, cnt, i, n, *stream, stamps, 4 * layers, PDL=pdl, launch_pdl=pdl,
+                **meta,
+            )  # fmt: skip
+
     res["runs"] = {}
     for stages in (int(s) for s in args.stages.split(",")):
         check_resident(
             stages * 16 * warps * (STEP.value + 8) + 2 * XP.value * 32 * 8 + 16 * 16 * warps * 4, args.per_sm
         )
-        for mode in args.modes.split(","):
-
-            def persistent(stages: int = stages, mode: str = mode) -> None:
-                cnt.zero_()
-                meta = dict(shape, WARPS=warps, STAGES=stages, SUB=bool(args.sub), FUSED=bool(args.fused), num_warps=warps, maxnreg=maxnreg)  # fmt: skip
-                outs = [ys[name] for name in KINDS]
-                if mode == "one":
-                    _rows_kernel[(programs,)](*descs, *sz_descs, chain.x0, *outs, cnt, 0, layers, *stream, stamps, 4 * layers, PDL=False, **meta)  # fmt: skip
-                else:
-                    for i in range(layers):
-                        _rows_kernel[(programs,)](*descs, *sz_descs, chain.x0, *outs, cnt, i, 1, *stream, stamps, 4 * layers, PDL=True, launch_pdl=True, **meta)  # fmt: skip
-
-            persistent()
+        for split, mode in ((int(v), m) for v in args.qkv_split.split(",") for m in args.modes.split(",")):
+            run = functools.partial(launch, mode, stages, split)
+            run()
             torch.cuda.synchronize()
+            if split == 2:  # qkv's output, as o read it
+                ys["qkv"] = qkv_parts.view(layers, 2, -1).sum(1).to(torch.bfloat16)
             check = [0, layers // 2, layers - 1]
             err = chain.fused_errors(ys, chain.res, check) if isinstance(chain, FusedChain) else chain.errors(ys, check)
-            us = [graph_time_ms(persistent) * 1e3 for _ in range(3)]
-            res["runs"][f"{mode} {stages} stages"] = {"err_max": err, "us": us}
-            print(f"{mode}, {stages} stages: {us} us ({us[-1] / layers:.1f} a layer), max rel err {err:.2e}", flush=True)  # fmt: skip
-    if args.times:
-        res["times"] = timeline(
-            lambda: _rows_kernel[(programs,)](
-                *descs, *sz_descs, chain.x0, *(ys[name] for name in KINDS), cnt, 0, layers, *stream, stamps,
-                4 * layers, PDL=False, TIMES=True, **dict(shape, WARPS=warps, STAGES=stages, SUB=bool(args.sub),
-                FUSED=bool(args.fused), num_warps=warps, maxnreg=maxnreg),
-            ),
-            cnt, stamps,
-        )  # fmt: skip
+            us = [graph_time_ms(run) * 1e3 for _ in range(3)]
+            res["runs"][f"{mode} {stages} stages qkv split {split}"] = {"err_max": err, "us": us}
+            print(f"{mode}, {stages} stages, qkv split {split}: {us} us ({us[-1] / layers:.1f} a layer), max rel err {err:.2e}", flush=True)  # fmt: skip
+            if args.times and mode == "one":
+                res["runs"][f"{mode} {stages} stages qkv split {split}"]["times"] = timeline(
+                    functools.partial(launch, mode, stages, split, True), cnt, stamps
+                )
     res["library_us_after"] = [graph_time_ms(chain.library) * 1e3 for _ in range(2)]
     print(f"library again: {res['library_us_after']} ({res['library_us_after'][-1] / layers:.1f} a layer)")
     with open(args.json, "w") as f:
