@@ -26,21 +26,16 @@ X_SMEM4 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
 
 
 @gluon.jit
-def _kind_consts(kind, T0: gl.constexpr, T1: gl.constexpr, T2: gl.constexpr, T3: gl.constexpr,
-                 S0: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, S3: gl.constexpr):  # fmt: skip
-    """GEMV ``kind``'s tiles and ring stages a tile (the producer's cursor runs over kinds at run time)."""
-    tiles = kind * 0 + T3
-    stages = kind * 0 + S3
+def _per_kind(kind, N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr):
+    """GEMV ``kind``'s value of four per-kind constants (the producer's cursor runs over kinds at run time)."""
+    n = kind * 0 + N3
     if kind == 0:
-        tiles = tiles * 0 + T0
-        stages = stages * 0 + S0
+        n = n * 0 + N0
     elif kind == 1:
-        tiles = tiles * 0 + T1
-        stages = stages * 0 + S1
+        n = n * 0 + N1
     elif kind == 2:
-        tiles = tiles * 0 + T2
-        stages = stages * 0 + S2
-    return tiles, stages
+        n = n * 0 + N2
+    return n
 
 
 @gluon.jit
@@ -51,31 +46,17 @@ def _advance(pl, pk, pt, pi, pid, P, T0: gl.constexpr, T1: gl.constexpr, T2: gl.
     Every GEMV has at least as many tiles as there are programs (the launcher checks), so each
     program has a first tile in each.
     """
-    tiles, stages = _kind_consts(pk, T0, T1, T2, T3, S0, S1, S2, S3)
     pi += 1
-    if pi == stages:
+    if pi == _per_kind(pk, S0, S1, S2, S3):
         pi = pi * 0
         pt += P
-        if pt >= tiles:
+        if pt >= _per_kind(pk, T0, T1, T2, T3):
             pt = pt * 0 + pid
             pk += 1
             if pk == 4:
                 pk = pk * 0
                 pl += 1
     return pl, pk, pt, pi
-
-
-@gluon.jit
-def _rows_of(kind, N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr):
-    """GEMV ``kind``'s rows a layer (its stacked weights' rows a layer), or any other per-kind value."""
-    n = kind * 0 + N3
-    if kind == 0:
-        n = n * 0 + N0
-    elif kind == 1:
-        n = n * 0 + N1
-    elif kind == 2:
-        n = n * 0 + N2
-    return n
 
 
 @gluon.jit
@@ -193,7 +174,7 @@ def _x_normed(y_ptr, r_in, r_out, w_ptr, eps, K2, NSTEP: gl.constexpr, NSTEP_P: 
 def _tile_at(pl, pk, pt, layer_lo, S0: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, S3: gl.constexpr,
              N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
     """The producer cursor's first weight row (in ``pk``'s stacked weights) and its GEMV's steps a row."""
-    return (layer_lo + pl) * _rows_of(pk, N0, N1, N2, N3) + pt * 16, _rows_of(pk, S0, S1, S2, S3) * WARPS
+    return (layer_lo + pl) * _per_kind(pk, N0, N1, N2, N3) + pt * 16, _per_kind(pk, S0, S1, S2, S3) * WARPS
 
 
 @gluon.jit
