@@ -257,9 +257,8 @@ def _gemv(
     top = gl.sum(gl.where(w < WARPS, v, 0.0), axis=1)  # the warps' K met
     bot = gl.sum(gl.where(w < WARPS, 0.0, v), axis=1)
     tile = pid + (f // 8) * P
-    if (
-        GLU
-    ):  # a tile's top rows are gate rows, its bottom rows the same up rows: silu(gate) * up as the library rounds it
+    # GLU: a tile's top rows are gate rows, its bottom rows the same up rows: silu(gate) * up as the library rounds it
+    if GLU:
         g = top.to(y_ptr.dtype.element_ty).to(gl.float32)
         u = bot.to(y_ptr.dtype.element_ty).to(gl.float32)
         out = (g / (1.0 + gl.exp(-g)) * u).to(y_ptr.dtype.element_ty)
@@ -292,7 +291,8 @@ def _rows_kernel(
     """Layers ``layer_lo .. layer_lo + LAYERS - 1`` of (qkv, o, gate_up, down); outputs ``y_k`` (all layers, N_k).
 
     ``cnt`` (4 x all layers,) zeros before the first launch: GEMV ``4 l + k`` counts the programs
-    done with it. Layer 0's qkv reads ``x``, every other GEMV the output before it.
+    done with it. Layer 0's qkv reads ``x``, every other GEMV the output before it; with ``FUSED``
+    as ``bench.int4_layer_chain.FusedChain`` says (layer 0's qkv: the norm of ``x`` plus zeros).
     """
     gl.static_assert(N0 % 16 == 0 and N1 % 16 == 0 and N2 % 16 == 0 and N3 % 16 == 0)
     gl.static_assert(WARPS * 2 >= 16)  # a scale box's row (WARPS bf16) is TMA's 16 bytes at least
@@ -316,7 +316,7 @@ def _rows_kernel(
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ab_s = gl.allocate_shared_memory(gl.int64, [XP, 32], X_SMEM)
     cd_s = gl.allocate_shared_memory(gl.int64, [XP, 32], X_SMEM)
-    MAXT: gl.constexpr = 16  # tiles a program in a GEMV, at most (gate_up's 1,792 over 132 programs: 14)
+    MAXT: gl.constexpr = 16  # tiles a program in a GEMV, at most (gate_up's 1,792: 7 over 256 programs, 14 over 128)
     sums_s = gl.allocate_shared_memory(gl.float32, [MAXT, 8, 2 * WARPS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     scs = gl.allocate_shared_memory(sd0.dtype, [4 * STAGES, 16, WARPS], sd0.layout)
     sds = (sd0, zd0, sd1, zd1, sd2, zd2, sd3, zd3)
@@ -349,8 +349,7 @@ def _rows_kernel(
         later = li >= 0
         # FUSED: qkv's x is the attention norm of down's output plus the residual (layer 0: of x, plus
         # zeros), gate_up's the MLP norm of o's; gate_up writes SiLU-and-mul; program 0 keeps the residual
-        XQ: gl.constexpr = 1 if FUSED else 0
-        XG: gl.constexpr = 1 if FUSED else 0
+        XN: gl.constexpr = 1 if FUSED else 0
         r_prev = res_ptr + (2 * layer - 1) * H
         if FUSED and layer == 0:
             xq = zero_ptr
@@ -359,7 +358,7 @@ def _rows_kernel(
         r_g = r_q + H
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
-            xq, y0, cnt_ptr, link, layer, layer_lo, LAYERS, wait_q, XQ, r_prev, r_q, wn_ptr + 2 * layer * H, eps,
+            xq, y0, cnt_ptr, link, layer, layer_lo, LAYERS, wait_q, XN, r_prev, r_q, wn_ptr + 2 * layer * H, eps,
             N0, B0, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
@@ -369,7 +368,7 @@ def _rows_kernel(
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
-            y1 + layer * N1, y2, cnt_ptr, link + 2, layer, layer_lo, LAYERS, later, XG, r_q, r_g,
+            y1 + layer * N1, y2, cnt_ptr, link + 2, layer, layer_lo, LAYERS, later, XN, r_q, r_g,
             wn_ptr + (2 * layer + 1) * H, eps, N2, B2, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, FUSED, t_prog, TIMES,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
