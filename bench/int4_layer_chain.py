@@ -9,11 +9,12 @@ and rotary are left out (o takes qkv's first 4,096 outputs). Does not own the ke
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bench.engine_gpu import SHAPES
+from bench.engine_gpu import SHAPES, graph_time_ms
 from bench.gpu_decoder import QLinear
 from kernels import reference
 from kernels.int4_matmul import int4_matmul
@@ -60,6 +61,14 @@ class LayerChain:
             for j, name in enumerate(KINDS):
                 self.outs.append(int4_matmul(x, *self.ws[name][i], 128))
                 x = self.outs[-1][:, : self.cut(KINDS[(j + 1) % 4])]
+
+    def close(self, res: dict[str, Any], path: str) -> None:
+        """Time ``library`` again after the variants, print it a layer, and write ``res`` to ``path``."""
+        res["library_us_after"] = [graph_time_ms(self.library) * 1e3 for _ in range(2)]
+        print(f"library again: {res['library_us_after']} ({res['library_us_after'][-1] / self.layers:.1f} a layer)")
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"wrote {path}")
 
     def library_outputs(self) -> dict[str, torch.Tensor]:
         """``outs`` as ``(layers, N)`` a GEMV, the persistent kernels' output shape."""

@@ -22,7 +22,6 @@ weights and chaining; outputs checked against ``kernels.reference`` on the input
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 
@@ -436,11 +435,7 @@ def main() -> None:
             us = [graph_time_ms(persistent) * 1e3 for _ in range(3)]
             res["persistent"][f"{who}, {stages} stages"] = {"err_max": err, "us": us}
             print(f"persistent, pairs by {who}, {stages} stages: {us} us ({us[-1] / layers:.1f} a layer), max rel err {err:.2e}", flush=True)  # fmt: skip
-    res["library_us_after"] = [graph_time_ms(chain.library) * 1e3 for _ in range(2)]
-    print(f"library again: {res['library_us_after']} ({res['library_us_after'][-1] / layers:.1f} a layer)")
-    with open(args.json, "w") as f:
-        json.dump(res, f, indent=1)
-    print(f"wrote {args.json}")
+    chain.close(res, args.json)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -162,11 +161,7 @@ def main() -> None:
                 res["runs"][f"{mode} {stages} stages"]["times"] = timeline(
                     functools.partial(launch, mode, stages, True), cnt, stamps
                 )
-    res["library_us_after"] = [graph_time_ms(chain.library) * 1e3 for _ in range(2)]
-    print(f"library again: {res['library_us_after']} ({res['library_us_after'][-1] / layers:.1f} a layer)")
-    with open(args.json, "w") as f:
-        json.dump(res, f, indent=1)
-    print(f"wrote {args.json}")
+    chain.close(res, args.json)
 
 
 if __name__ == "__main__":

@@ -346,7 +346,6 @@ def _rows_kernel(
         wait_q = li > 0  # the launch's first qkv: its x is the launch before's (the PDL wait), or layer 0's input
         if not PDL:
             wait_q = layer > 0
-        later = li >= 0
         # FUSED: qkv's x is the attention norm of down's output plus the residual (layer 0: of x, plus
         # zeros), gate_up's the MLP norm of o's; gate_up writes SiLU-and-mul; program 0 keeps the residual
         XN: gl.constexpr = 1 if FUSED else 0
@@ -363,16 +362,16 @@ def _rows_kernel(
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
-            y0 + layer * N0, y1, cnt_ptr, link + 1, layer, layer_lo, LAYERS, later, 0, r_q, r_q, wn_ptr, eps,
+            y0 + layer * N0, y1, cnt_ptr, link + 1, layer, layer_lo, LAYERS, True, 0, r_q, r_q, wn_ptr, eps,
             N1, B1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
-            y1 + layer * N1, y2, cnt_ptr, link + 2, layer, layer_lo, LAYERS, later, XN, r_q, r_g,
+            y1 + layer * N1, y2, cnt_ptr, link + 2, layer, layer_lo, LAYERS, True, XN, r_q, r_g,
             wn_ptr + (2 * layer + 1) * H, eps, N2, B2, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, FUSED, t_prog, TIMES,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
-            y2 + layer * (N2 // 2 if FUSED else N2), y3, cnt_ptr, link + 3, layer, layer_lo, LAYERS, later, 0, r_g,
+            y2 + layer * (N2 // 2 if FUSED else N2), y3, cnt_ptr, link + 3, layer, layer_lo, LAYERS, True, 0, r_g,
             r_g, wn_ptr, eps, N3, B3, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES,
         )  # fmt: skip
