@@ -21,7 +21,8 @@ of each phase before its PDL wait and keeps two in flight. The half2 loop loads 
 Timed against the library's two launches a layer over 32 layers of the 8B shape's MLP weights in
 one CUDA graph, each layer's input the output of the one before; checked against
 ``kernels.reference``. ``--cpu-check`` runs the fp32 path under ``TRITON_INTERPRET=1`` on small
-shapes. Compiled only on the GPU; nothing in the engine calls it.
+shapes, with Q = 1: the interpreter runs programs one after another, so an earlier reducer would
+spin forever. The half2 path is compiled only on the GPU; nothing in the engine calls either.
 
     python -m bench.probe_int4_mlp --json $OUT/probe_int4_mlp.json --configs 224:4:2:512:64:32,224:8:2:512:64:32
 """
@@ -118,7 +119,7 @@ def _glu(hrow, j, C: tl.constexpr, dt: tl.constexpr):
 def _dn_step(
     dw_ptr, dsz_ptr, p, rows, I2: tl.constexpr, H: tl.constexpr, J: tl.constexpr, G: tl.constexpr, H2: tl.constexpr
 ):
-    """down's ``(BR, J)`` slab of program ``p`` at ``rows`` (``MLP.dn_blk``; words with H2, else bytes) and its packed scales."""
+    """down's ``(BR, J)`` slab of program ``p`` at ``rows`` (``MLP.blocked``; words with H2, else bytes) and its packed scales."""
     m = (rows < H)[:, None]
     if H2:
         w32 = dw_ptr.to(tl.pointer_type(tl.int32)) + (p * H + rows[:, None]) * (J // 4) + tl.arange(0, J // 4)[None, :]
