@@ -14,7 +14,7 @@ program order (the result does not depend on arrival order).
 The weights are laid out for it at load (``MLP.blocked``): gate_up's rows in the order a program's
 steps read them, down as ``(P, H, J)`` (a program's slice of every row in one run), scales and
 zeros packed into one int32 (``pack_scales``; down's group-major). Each program asks for two steps
-of each phase before its PDL wait and keeps two in flight. The half2 loop loads a step as
+of gate_up before its PDL wait and down's first two as gate_up's loop ends, and keeps two in flight. The half2 loop loads a step as
 ``(K/2 / 512, 2C, 128)`` words, a row's quarters first, so that a warp holds whole rows.
 ``MODE`` runs the phases alone (timing only; the output is then wrong).
 
@@ -24,7 +24,7 @@ one CUDA graph, each layer's input the output of the one before; checked against
 shapes, with Q = 1: the interpreter runs programs one after another, so an earlier reducer would
 spin forever. The half2 path is compiled only on the GPU; nothing in the engine calls either.
 
-    python -m bench.probe_int4_mlp --json $OUT/probe_int4_mlp.json --configs 224:4:2:512:64:32,224:8:2:512:64:32
+    python -m bench.probe_int4_mlp --json $OUT/probe_int4_mlp.json --configs 224:8:2:512:64:256,224:8:2:512:64:256:1
 """
 
 from __future__ import annotations
@@ -65,21 +65,21 @@ def _gu_step(gw_ptr, gsz_ptr, p, t, T: tl.constexpr, K2: tl.constexpr, G: tl.con
 
 @triton.jit
 def _gu_step3(gw_ptr, gsz_ptr, p, t, T: tl.constexpr, K2: tl.constexpr, G: tl.constexpr, C: tl.constexpr):
-    """gate_up step ``t`` for the half2 loop: the step's 2C rows (gate's, then up's) as ``(K2 / 512, 2C, 128)`` int32 words.
+    """gate_up step ``t`` for the half2 loop: the step's 2C rows (gate's, then up's) as ``(2C, K2 / 512, 128)`` int32 words.
 
-    A row's 512-word quarters on the first axis, so that the layout's 32 lanes x 4 words cover the
-    last and the warps take rows: a row's sums stay in its warp (shuffles, no barrier). Its packed
-    scales ``(K2 / 512, 2C, 4)``, low and high half.
+    A row cut in 512-byte quarters, so that the layout's 32 lanes x 4 words cover a quarter and the
+    warps take (row, quarter) pairs: a quarter's group sums stay in its warp (shuffles, no barrier)
+    and its x pairs are one quarter's. Its packed scales ``(2C, K2 / 512, 4)``, low and high half.
     """
     NG: tl.constexpr = K2 // G
     QN: tl.constexpr = K2 // 512
     live = t < T
     blk = (p * T + t) * 2 * C
-    q = tl.arange(0, QN)[:, None, None]
-    r = tl.arange(0, 2 * C)[None, :, None]
+    r = tl.arange(0, 2 * C)[:, None, None]
+    q = tl.arange(0, QN)[None, :, None]
     w32 = gw_ptr.to(tl.pointer_type(tl.int32)) + (blk + r) * (K2 // 4) + q * 128 + tl.arange(0, 128)[None, None, :]
     w = tl.load(w32, mask=live, other=0, eviction_policy="evict_first")
-    g = (blk + r) * (2 * NG) + q * (512 // G) + tl.arange(0, 512 // G)[None, None, :]  # (QN, 2C, groups a quarter)
+    g = (blk + r) * (2 * NG) + q * (512 // G) + tl.arange(0, 512 // G)[None, None, :]  # (2C, QN, groups a quarter)
     sz_lo = tl.load(gsz_ptr + g, mask=live, other=0)
     sz_hi = tl.load(gsz_ptr + g + NG, mask=live, other=0)
     return w, sz_lo, sz_hi
@@ -108,10 +108,16 @@ def _rows_f32(b, x_lo, x_hi, sz_lo, sz_hi, G: tl.constexpr):
 
 
 @triton.jit
-def _glu(hrow, j, C: tl.constexpr, dt: tl.constexpr):
-    """``silu(gate) * up`` of this program's local columns ``j`` from phase 1's rows (step ``j // C``: C gate, C up), in ``dt``."""
-    g = tl.load(hrow + (j // C) * 2 * C + j % C).to(tl.float32)
-    u = tl.load(hrow + (j // C) * 2 * C + C + j % C).to(tl.float32)
+def _glu(hrow, j, C: tl.constexpr, QS: tl.constexpr, dt: tl.constexpr):
+    """``silu(gate) * up`` of this program's local columns ``j`` (1-D) from phase 1's rows, in ``dt``.
+
+    Step ``j // C`` wrote C gate rows then C up rows, each as QS fp32 partials (a row's quarters);
+    gate and up are rounded to ``dt`` first, as the library's gate_up output is.
+    """
+    row = (j // C) * 2 * C + j % C
+    qs = tl.arange(0, QS)[None, :]
+    g = tl.sum(tl.load(hrow + row[:, None] * QS + qs), axis=1).to(dt).to(tl.float32)
+    u = tl.sum(tl.load(hrow + (row + C)[:, None] * QS + qs), axis=1).to(dt).to(tl.float32)
     return (g / (1.0 + tl.exp(-g)) * u).to(dt)
 
 
@@ -138,9 +144,9 @@ def _mlp_kernel(
     gsz_ptr,  # (2I, K/G) int32 scales and zeros (pack_scales), blocked alike
     dw_ptr,  # (P, H, J) uint8 down, blocked (MLP.dn_blk)
     dsz_ptr,  # (I/G, H) int32 down's scales and zeros, group-major
-    h_ptr,  # (P, 4J) scratch: each program's gate and up outputs (C gate, C up a step), in x's dtype
+    h_ptr,  # (P, 4J, QS) fp32 scratch: each program's gate and up rows' sums (C gate, C up a step)
     part_ptr,  # (P, H) fp32 partials
-    cnt_ptr,  # (2,) int32: arrivals, reducers done; zero between launches
+    cnt_ptr,  # (1,) int64 arrivals, over all launches
     out_ptr,  # (H,) output
     K2: tl.constexpr,  # K / 2
     INTER: tl.constexpr,  # intermediate size
@@ -161,23 +167,22 @@ def _mlp_kernel(
     I2: tl.constexpr = INTER // 2
     T: tl.constexpr = 2 * J // C  # gate_up steps of this program
     rr = tl.arange(0, BR)
-    # weights and scales are no kernel's output: two steps of each phase before the PDL wait
+    # weights and scales are no kernel's output: gate_up's first two steps before the PDL wait
     if H2:
         wa, za_lo, za_hi = _gu_step3(gw_ptr, gsz_ptr, p, 0, T, K2, G, C)
         wb, zb_lo, zb_hi = _gu_step3(gw_ptr, gsz_ptr, p, 1, T, K2, G, C)
     else:
         ga, ua, sga_lo, sga_hi, sua_lo, sua_hi = _gu_step(gw_ptr, gsz_ptr, p, 0, T, K2, G, C)
         gb, ub, sgb_lo, sgb_hi, sub_lo, sub_hi = _gu_step(gw_ptr, gsz_ptr, p, 1, T, K2, G, C)
-    da, ta_lo, ta_hi = _dn_step(dw_ptr, dsz_ptr, p, rr, I2, H, J, G, H2)
-    db, tb_lo, tb_hi = _dn_step(dw_ptr, dsz_ptr, p, rr + BR, I2, H, J, G, H2)
     pdl_enter_after_wait(PDL)
     dt = x_ptr.dtype.element_ty
     # phase 1: gate's and up's 2C rows a step, whole rows, x made once, into h (rounded to x's dtype)
-    hrow = h_ptr + p * 4 * J
+    QS: tl.constexpr = K2 // 512 if H2 else 1  # fp32 partials a gate_up row leaves in h
+    hrow = h_ptr + p * 4 * J * QS
     if H2:
         QN: tl.constexpr = K2 // 512
         GQ: tl.constexpr = 512 // G  # groups a quarter
-        wc = tl.arange(0, QN)[:, None, None] * 128 + tl.arange(0, 128)[None, None, :]  # (QN, 1, 128) words
+        wc = tl.arange(0, QN)[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]  # (1, QN, 128) words
         xa, xb, xw_lo = _half_pairs(
             tl.load(x_ptr + 4 * wc), tl.load(x_ptr + 4 * wc + 1), tl.load(x_ptr + 4 * wc + 2), tl.load(x_ptr + 4 * wc + 3), 0.25
         )  # fmt: skip
@@ -185,20 +190,22 @@ def _mlp_kernel(
             tl.load(x_ptr + K2 + 4 * wc), tl.load(x_ptr + K2 + 4 * wc + 1), tl.load(x_ptr + K2 + 4 * wc + 2),
             tl.load(x_ptr + K2 + 4 * wc + 3), 0.25 / 16.0,
         )  # fmt: skip
-        xs_lo = tl.sum(tl.reshape(xw_lo, (QN, 1, GQ, G // 4)), axis=3)  # (QN, 1, GQ)
-        xs_hi = tl.sum(tl.reshape(xw_hi, (QN, 1, GQ, G // 4)), axis=3)
+        xs_lo = tl.sum(tl.reshape(xw_lo, (1, QN, GQ, G // 4)), axis=3)  # (1, QN, GQ)
+        xs_hi = tl.sum(tl.reshape(xw_hi, (1, QN, GQ, G // 4)), axis=3)
         lo4 = (tl.arange(0, G // 4) % 4 < 2)[None, None, None, :]
         for t in range(T if MODE & 1 else 0):
             cw, cz_lo, cz_hi = wa, za_lo, za_hi
             wa, za_lo, za_hi = wb, zb_lo, zb_hi
             wb, zb_lo, zb_hi = _gu_step3(gw_ptr, gsz_ptr, p, t + 2, T, K2, G, C)
-            o = tl.reshape(_h2_dot(cw, xa, xb, xc, xd), (QN, 2 * C, GQ, G // 4))  # [lo, lo, hi, hi] a 4 words
-            t_lo = tl.sum(tl.where(lo4, o, 0.0), axis=3)  # (QN, 2C, GQ): sum((q - 8) x / 4)
+            o = tl.reshape(_h2_dot(cw, xa, xb, xc, xd), (2 * C, QN, GQ, G // 4))  # [lo, lo, hi, hi] a 4 words
+            t_lo = tl.sum(tl.where(lo4, o, 0.0), axis=3)  # (2C, QN, GQ): sum((q - 8) x / 4)
             t_hi = tl.sum(tl.where(lo4, 0.0, o), axis=3)
             s_lo, z_lo = _unpack(cz_lo)
             s_hi, z_hi = _unpack(cz_hi)
             y = (4.0 * s_lo) * t_lo + z_lo * xs_lo + (4.0 * s_hi) * t_hi + z_hi * xs_hi
-            tl.store(hrow + t * 2 * C + tl.arange(0, 2 * C), tl.sum(tl.sum(y, axis=2), axis=0).to(dt))
+            # each (row, quarter)'s sum as it is: the quarters meet once, after the loop (_glu)
+            rq = (t * 2 * C + tl.arange(0, 2 * C))[:, None] * QN + tl.arange(0, QN)[None, :]
+            tl.store(hrow + rq, tl.sum(y, axis=2))
     else:
         x_lo = tl.load(x_ptr + tl.arange(0, K2)).to(tl.float32)
         x_hi = tl.load(x_ptr + K2 + tl.arange(0, K2)).to(tl.float32)
@@ -206,8 +213,12 @@ def _mlp_kernel(
             cg, cu, csg_lo, csg_hi, csu_lo, csu_hi = ga, ua, sga_lo, sga_hi, sua_lo, sua_hi
             ga, ua, sga_lo, sga_hi, sua_lo, sua_hi = gb, ub, sgb_lo, sgb_hi, sub_lo, sub_hi
             gb, ub, sgb_lo, sgb_hi, sub_lo, sub_hi = _gu_step(gw_ptr, gsz_ptr, p, t + 2, T, K2, G, C)
-            tl.store(hrow + t * 2 * C + tl.arange(0, C), _rows_f32(cg, x_lo, x_hi, csg_lo, csg_hi, G).to(dt))
-            tl.store(hrow + t * 2 * C + C + tl.arange(0, C), _rows_f32(cu, x_lo, x_hi, csu_lo, csu_hi, G).to(dt))
+            tl.store(hrow + t * 2 * C + tl.arange(0, C), _rows_f32(cg, x_lo, x_hi, csg_lo, csg_hi, G))
+            tl.store(hrow + t * 2 * C + C + tl.arange(0, C), _rows_f32(cu, x_lo, x_hi, csu_lo, csu_hi, G))
+    # down's first two steps, in flight while h is made (held through phase 1, their registers cost
+    # gate_up's loop occupancy)
+    da, ta_lo, ta_hi = _dn_step(dw_ptr, dsz_ptr, p, rr, I2, H, J, G, H2)
+    db, tb_lo, tb_hi = _dn_step(dw_ptr, dsz_ptr, p, rr + BR, I2, H, J, G, H2)
     # NOTE: every thread's stores before any thread reads them back (same program: bar.sync suffices)
     tl.debug_barrier()
     # phase 2: this program's partial of down over its columns, every row; two steps in flight
@@ -215,15 +226,15 @@ def _mlp_kernel(
         JW: tl.constexpr = J // 4
         j = 4 * tl.arange(0, JW)
         ya, yb, ys_lo = _half_pairs(
-            _glu(hrow, j, C, dt), _glu(hrow, j + 1, C, dt), _glu(hrow, j + 2, C, dt), _glu(hrow, j + 3, C, dt), 0.25
+            _glu(hrow, j, C, QS, dt), _glu(hrow, j + 1, C, QS, dt), _glu(hrow, j + 2, C, QS, dt), _glu(hrow, j + 3, C, QS, dt), 0.25
         )  # fmt: skip
         yc, yd, ys_hi = _half_pairs(
-            _glu(hrow, J + j, C, dt), _glu(hrow, J + j + 1, C, dt), _glu(hrow, J + j + 2, C, dt),
-            _glu(hrow, J + j + 3, C, dt), 0.25 / 16.0,
+            _glu(hrow, J + j, C, QS, dt), _glu(hrow, J + j + 1, C, QS, dt), _glu(hrow, J + j + 2, C, QS, dt),
+            _glu(hrow, J + j + 3, C, QS, dt), 0.25 / 16.0,
         )  # fmt: skip
     else:
-        y_lo = _glu(hrow, tl.arange(0, J), C, dt).to(tl.float32)
-        y_hi = _glu(hrow, J + tl.arange(0, J), C, dt).to(tl.float32)
+        y_lo = _glu(hrow, tl.arange(0, J), C, QS, dt).to(tl.float32)
+        y_hi = _glu(hrow, J + tl.arange(0, J), C, QS, dt).to(tl.float32)
         ys_lo = y_lo
         ys_hi = y_hi
     sy_lo = tl.sum(ys_lo, axis=0)
@@ -250,13 +261,18 @@ def _mlp_kernel(
         tl.store(part_ptr + p * H + rows, y)
     # the partials meet: the last Q programs to arrive each sum H / Q rows over all P, in program order
     tl.debug_barrier()
+    # the counter only grows (64 bits): launch e's arrivals are eP .. eP + P - 1, so no reset
     arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
-    idx = arrived - (P - Q)
+    idx = arrived % P - (P - Q)
     if (idx >= 0) & (MODE & 4 != 0):
+        end = (arrived // P + 1) * P
         seen = arrived + 1
-        while seen < P:  # plain loads: a spin of atomics queues behind the arrivals at L2
-            seen = tl.load(cnt_ptr, volatile=True)
-        tl.atomic_add(cnt_ptr, 0, sem="acquire")
+        one = tl.arange(0, 32)
+        while seen < end:
+            # NOTE: one plain load a warp, not one a thread nor an atomic: a spin of every thread's
+            # loads (or atomics) queues at the counter's L2 slice ahead of the arrivals it waits for
+            seen = tl.max(tl.load(cnt_ptr + one * 0, mask=one == 0, other=0, volatile=True), axis=0)
+        tl.atomic_add(cnt_ptr, 0, sem="acquire")  # what the spin saw, and the partials before it
         RQ: tl.constexpr = H // Q
         cols = idx * RQ + tl.arange(0, RQ)
         tot = tl.zeros((RQ,), tl.float32)
@@ -267,10 +283,6 @@ def _mlp_kernel(
             )
             tot += tl.sum(v, axis=0)
         tl.store(out_ptr + cols, tot.to(out_ptr.dtype.element_ty))
-        done = tl.atomic_add(cnt_ptr + 1, 1, sem="relaxed")
-        if done == Q - 1:  # every reducer has seen all arrivals: reset for the next launch
-            tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
-            tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed")
 
 
 def pack_scales(scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
@@ -328,9 +340,9 @@ class Fused:
         self.cfg = dict(cfg)
         self.p = self.cfg.pop("P")
         self.warps = self.cfg.pop("warps")
-        self.h = torch.empty(2 * inter, device=device, dtype=dtype)  # (P, 4J)
+        self.h = torch.empty(2 * inter * 4, device=device, dtype=torch.float32)  # (P, 4J, <= 4 quarters)
         self.part = torch.empty(self.p, hidden, device=device, dtype=torch.float32)
-        self.cnt = torch.zeros(2, device=device, dtype=torch.int32)
+        self.cnt = torch.zeros(1, device=device, dtype=torch.int64)
 
     def __call__(self, mlp: MLP, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         k2 = x.shape[-1] // 2
@@ -360,14 +372,14 @@ def cpu_check() -> None:
             err = float((got - ref).norm() / ref.norm())
             print(f"P={p}: rel err {err:.2e}, counters {f.cnt.tolist()}")
             assert err < 1e-5, err
-            assert f.cnt.tolist() == [0, 0], f.cnt.tolist()
+            assert f.cnt.item() % p == 0, f.cnt.item()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--cpu-check", action="store_true")
-    ap.add_argument("--configs", default="224:4:2:512:64:32,112:8:4:512:64:16", help="P:warps:C:BR:Q:PB[:MODE],...")
+    ap.add_argument("--configs", default="224:8:2:512:64:256,224:8:2:256:64:256", help="P:warps:C:BR:Q:PB[:MODE],...")
     ap.add_argument("--json", default="probe_int4_mlp.json")
     args = ap.parse_args()
     if args.cpu_check:
