@@ -161,6 +161,7 @@ def _mlp_kernel(
     H2: tl.constexpr = False,  # half2 FMAs (compiled kernels only)
     PDL: tl.constexpr = False,
     MODE: tl.constexpr = 7,  # probe: 1 gate_up, 2 down, 4 the partials' sum
+    DEPTH: tl.constexpr = 2,  # half2: gate_up steps in flight
 ):
     p = tl.program_id(0)
     P = tl.num_programs(0)
@@ -171,6 +172,8 @@ def _mlp_kernel(
     if H2:
         wa, za_lo, za_hi = _gu_step3(gw_ptr, gsz_ptr, p, 0, T, K2, G, C)
         wb, zb_lo, zb_hi = _gu_step3(gw_ptr, gsz_ptr, p, 1, T, K2, G, C)
+        if DEPTH == 3:
+            wd, zd_lo, zd_hi = _gu_step3(gw_ptr, gsz_ptr, p, 2, T, K2, G, C)
     else:
         ga, ua, sga_lo, sga_hi, sua_lo, sua_hi = _gu_step(gw_ptr, gsz_ptr, p, 0, T, K2, G, C)
         gb, ub, sgb_lo, sgb_hi, sub_lo, sub_hi = _gu_step(gw_ptr, gsz_ptr, p, 1, T, K2, G, C)
@@ -196,7 +199,11 @@ def _mlp_kernel(
         for t in range(T if MODE & 1 else 0):
             cw, cz_lo, cz_hi = wa, za_lo, za_hi
             wa, za_lo, za_hi = wb, zb_lo, zb_hi
-            wb, zb_lo, zb_hi = _gu_step3(gw_ptr, gsz_ptr, p, t + 2, T, K2, G, C)
+            if DEPTH == 3:
+                wb, zb_lo, zb_hi = wd, zd_lo, zd_hi
+                wd, zd_lo, zd_hi = _gu_step3(gw_ptr, gsz_ptr, p, t + 3, T, K2, G, C)
+            else:
+                wb, zb_lo, zb_hi = _gu_step3(gw_ptr, gsz_ptr, p, t + 2, T, K2, G, C)
             o = tl.reshape(_h2_dot(cw, xa, xb, xc, xd), (2 * C, QN, GQ, G // 4))  # [lo, lo, hi, hi] a 4 words
             t_lo = tl.sum(tl.where(lo4, o, 0.0), axis=3)  # (2C, QN, GQ): sum((q - 8) x / 4)
             t_hi = tl.sum(tl.where(lo4, 0.0, o), axis=3)
@@ -379,7 +386,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--cpu-check", action="store_true")
-    ap.add_argument("--configs", default="224:8:2:512:64:256,224:8:2:256:64:256", help="P:warps:C:BR:Q:PB[:MODE],...")
+    ap.add_argument(
+        "--configs", default="224:8:2:512:64:256,224:8:2:256:64:256", help="P:warps:C:BR:Q:PB[:MODE[:DEPTH]],..."
+    )
     ap.add_argument("--json", default="probe_int4_mlp.json")
     args = ap.parse_args()
     if args.cpu_check:
@@ -410,10 +419,10 @@ def main() -> None:
 
     variants: dict[str, Any] = {}
     for spec in args.configs.split(","):
-        p, warps, c, br, q, pb, *mode = (int(v) for v in spec.split(":"))
-        f = Fused(
-            hidden, inter, dev, torch.bfloat16, P=p, warps=warps, C=c, BR=br, Q=q, PB=pb, MODE=mode[0] if mode else 7
-        )
+        p, warps, c, br, q, pb, *rest = (int(v) for v in spec.split(":"))
+        mode = rest[0] if rest else 7
+        depth = rest[1] if len(rest) > 1 else 2
+        f = Fused(hidden, inter, dev, torch.bfloat16, P=p, warps=warps, C=c, BR=br, Q=q, PB=pb, MODE=mode, DEPTH=depth)
         outs = [torch.empty(hidden, device=dev, dtype=torch.bfloat16) for _ in mlps]
 
         def fused(f: Fused = f, outs: list[torch.Tensor] = outs) -> None:
