@@ -179,7 +179,7 @@ def _mlp_kernel(
         gb, ub, sgb_lo, sgb_hi, sub_lo, sub_hi = _gu_step(gw_ptr, gsz_ptr, p, 1, T, K2, G, C)
     pdl_enter_after_wait(PDL)
     dt = x_ptr.dtype.element_ty
-    # phase 1: gate's and up's 2C rows a step, whole rows, x made once, into h (rounded to x's dtype)
+    # phase 1: gate's and up's 2C rows a step, whole rows, x made once; their fp32 sums into h
     QS: tl.constexpr = K2 // 512 if H2 else 1  # fp32 partials a gate_up row leaves in h
     hrow = h_ptr + p * 4 * J * QS
     if H2:
@@ -276,8 +276,8 @@ def _mlp_kernel(
         seen = arrived + 1
         one = tl.arange(0, 32)
         while seen < end:
-            # NOTE: one plain load a warp, not one a thread nor an atomic: a spin of every thread's
-            # loads (or atomics) queues at the counter's L2 slice ahead of the arrivals it waits for
+            # NOTE: one plain load a warp; spinning on every thread's loads or on atomics measured the
+            # same on the H100 (the meeting's cost was its partials' loads in turn, now one load)
             seen = tl.max(tl.load(cnt_ptr + one * 0, mask=one == 0, other=0, volatile=True), axis=0)
         tl.atomic_add(cnt_ptr, 0, sem="acquire")  # what the spin saw, and the partials before it
         RQ: tl.constexpr = H // Q
