@@ -356,11 +356,15 @@ class Fused:
         j = mlp.inter // 2 // self.p
         assert mlp.group % j == 0, (j, mlp.group)  # a slice in one group of each half
         assert j % 16 == 0, j  # whole 4-word vectors
+        h2 = not interpreting()
+        # the half2 loop reads a row in 512-byte quarters and leaves one fp32 sum a quarter in h
+        assert not h2 or (k2 % 512 == 0 and 512 % mlp.group == 0), (k2, mlp.group)
+        assert self.h.numel() >= 2 * mlp.inter * (k2 // 512 if h2 else 1), (self.h.numel(), k2)
         gu_blk, gsz_blk, dn_blk = mlp.blocked(self.p, self.cfg["C"])
         _mlp_kernel[(self.p,)](
             x, gu_blk, gsz_blk, dn_blk, mlp.dsz, self.h, self.part, self.cnt, out,
             K2=k2, INTER=mlp.inter, H=mlp.hidden, G=mlp.group, J=j, PP=next_pow2(self.p),
-            H2=not interpreting(), num_warps=self.warps, **self.cfg, **pdl_args(x),
+            H2=h2, num_warps=self.warps, **self.cfg, **pdl_args(x),
         )  # fmt: skip
         return out
 
