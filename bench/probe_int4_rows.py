@@ -75,6 +75,25 @@ def timeline(launch: Callable[[], object], cnt: torch.Tensor, stamps: torch.Tens
     return out
 
 
+def ring_descriptors(chain: LayerChain, warps: int) -> tuple[list[Any], list[Any]]:
+    """TMA descriptors of every kind's stacked weights (a ring stage's box: 16 rows, ``warps`` steps, 32 words) and of their scales and zeros (16 rows, ``warps`` groups)."""
+    lay = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+    descs = []
+    ws = dict(chain.ws)
+    if isinstance(chain, FusedChain):  # gate_up's rows as its SiLU-and-mul epilogue takes them
+        ws["gate_up"] = chain.ws_glu
+    for name in KINDS:
+        words = torch.cat([w[0] for w in ws[name]]).view(torch.int32)
+        descs.append(TensorDescriptor.from_tensor(words.view(words.shape[0], -1, 32), [16, warps, 32], lay))
+    lay_s = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    sz_descs = [
+        TensorDescriptor.from_tensor(torch.cat([w[j] for w in ws[name]]), [16, warps], lay_s)
+        for name in KINDS
+        for j in (1, 2)
+    ]
+    return descs, sz_descs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=32)
@@ -105,20 +124,7 @@ def main() -> None:
     if max(-(-dims[name][0] // 16 // programs) for name in KINDS) > 16:
         raise ValueError(f"{programs} programs: more than MAXT (16) tiles a program in a GEMV")
     res["programs"] = programs
-    lay = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
-    descs = []
-    ws = dict(chain.ws)
-    if isinstance(chain, FusedChain):  # gate_up's rows as its SiLU-and-mul epilogue takes them
-        ws["gate_up"] = chain.ws_glu
-    for name in KINDS:  # (rows, steps, 32 words): a ring stage is one (16, WARPS, 32) box
-        words = torch.cat([w[0] for w in ws[name]]).view(torch.int32)
-        descs.append(TensorDescriptor.from_tensor(words.view(words.shape[0], -1, 32), [16, warps, 32], lay))
-    lay_s = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-    sz_descs = [
-        TensorDescriptor.from_tensor(torch.cat([w[j] for w in ws[name]]), [16, warps], lay_s)
-        for name in KINDS
-        for j in (1, 2)
-    ]
+    descs, sz_descs = ring_descriptors(chain, warps)
     ys = {name: torch.empty(layers, dims[name][0], device="cuda", dtype=torch.bfloat16) for name in KINDS}
     if isinstance(chain, FusedChain):  # SiLU-and-mul of gate_up's output
         ys["gate_up"] = torch.empty(layers, dims["down"][1], device="cuda", dtype=torch.bfloat16)
