@@ -191,6 +191,7 @@ def _gemv(
     WARPS: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr, MAXT: gl.constexpr,
     GLU: gl.constexpr = False,  # write silu_and_mul of the output (gate and up rows a tile's top and bottom), (N / 2,)
     t_ptr=None, TIMES: gl.constexpr = False,  # stamps: the phase's start, spin done, x made, released
+    MATH: gl.constexpr = True, SYNC: gl.constexpr = True,  # False: skip the arithmetic / the wait (wrong outputs)
 ):  # fmt: skip
     """One GEMV of one layer: wait for its x, make x's pairs, run this program's tiles; returns the ring's state.
 
@@ -211,7 +212,7 @@ def _gemv(
     ts = t_ptr + link * 4  # TIMES: this program's (links, 4) int64 ns
     if TIMES:
         gl.store(ts, _stamp("mov.u64 $0, %globaltimer;"))
-    if wait:
+    if SYNC and wait:
         _spin_until(cnt_ptr + link - 1, P)
     if TIMES:
         gl.store(ts + 1, _stamp("mov.u64 $0, %globaltimer;"))
@@ -242,7 +243,8 @@ def _gemv(
             prow, pns = _tile_at(pl, pk, pt, layer_lo, S0, S1, S2, S3, N0, N1, N2, N3, WARPS)
             _issue(d0, d1, d2, d3, sds, bars, bufs, scs, t + STAGES, pk, prow, pi, pns, WARPS, STAGES)
             pl, pk, pt, pi = _advance(pl, pk, pt, pi, pid, P, T0, T1, T2, T3, S0, S1, S2, S3)
-        acc += _step(wt, wb, ab_v.index(i).load(BL), cd_v.index(i).load(BL), sc, SUB, 2)
+        if MATH:
+            acc += _step(wt, wb, ab_v.index(i).load(BL), cd_v.index(i).load(BL), sc, SUB, 2)
         t += 1
         if i == SPT - 1:  # the tile's last stage: each warp's K of its top and bottom rows' sums, (8, WARPS) each
             sums_s.index(j // SPT).slice(0, WARPS, dim=1).store(gl.sum(gl.where(pos == 0, acc, 0.0), axis=2) * 0.25)
@@ -287,6 +289,8 @@ def _rows_kernel(
     PDL: gl.constexpr,  # launched a layer at a time with programmatic dependent launch
     FUSED: gl.constexpr = False,  # the norms and SiLU-and-mul between the GEMVs, as a decode step has them
     TIMES: gl.constexpr = False,  # %globaltimer stamps of every program's every GEMV (_gemv)
+    MATH: gl.constexpr = True,  # False: the ring and its handshakes without the arithmetic (outputs meaningless)
+    SYNC: gl.constexpr = True,  # False: no GEMV waits for the one before (outputs meaningless)
 ):  # fmt: skip
     """Layers ``layer_lo .. layer_lo + LAYERS - 1`` of (qkv, o, gate_up, down); outputs ``y_k`` (all layers, N_k).
 
@@ -358,20 +362,20 @@ def _rows_kernel(
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
             xq, y0, cnt_ptr, link, layer, layer_lo, LAYERS, wait_q, XN, r_prev, r_q, wn_ptr + 2 * layer * H, eps,
-            N0, B0, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES,
+            N0, B0, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES, MATH, SYNC,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
             y0 + layer * N0, y1, cnt_ptr, link + 1, layer, layer_lo, LAYERS, True, 0, r_q, r_q, wn_ptr, eps,
-            N1, B1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES,
+            N1, B1, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES, MATH, SYNC,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
             y1 + layer * N1, y2, cnt_ptr, link + 2, layer, layer_lo, LAYERS, True, XN, r_q, r_g,
-            wn_ptr + (2 * layer + 1) * H, eps, N2, B2, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, FUSED, t_prog, TIMES,
+            wn_ptr + (2 * layer + 1) * H, eps, N2, B2, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, FUSED, t_prog, TIMES, MATH, SYNC,
         )  # fmt: skip
         t, pl, pk, pt, pi = _gemv(
             d0, d1, d2, d3, sds, bufs, scs, bars, ab_s, cd_s, sums_s, t, pl, pk, pt, pi,
             y2 + layer * (N2 // 2 if FUSED else N2), y3, cnt_ptr, link + 3, layer, layer_lo, LAYERS, True, 0, r_g,
-            r_g, wn_ptr, eps, N3, B3, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES,
+            r_g, wn_ptr, eps, N3, B3, T0, T1, T2, T3, S0, S1, S2, S3, N0, N1, N2, N3, WARPS, STAGES, SUB, MAXT, False, t_prog, TIMES, MATH, SYNC,
         )  # fmt: skip

@@ -87,6 +87,9 @@ def main() -> None:
         help="stages:per_sm:regs[:fence[:ahead[:math[:sync[:loop]]]]], comma-separated",
     )
     ap.add_argument("--rows-stages", type=int, default=4, help="the rows kernel's ring depth (0: not run)")
+    ap.add_argument(
+        "--rows-knobs", default="1:1", help="the rows kernel's math:sync variants (0: skip), comma-separated"
+    )
     ap.add_argument("--rounds", type=int, default=2, help="alternations of all variants")
     ap.add_argument("--clocks", default="", help="configs stages:per_sm:regs[:fence] to run once counting cycles")
     ap.add_argument("--json", default="bench/results/probe_int4_ws.json")
@@ -112,20 +115,26 @@ def main() -> None:
         return p
 
     variants: dict[str, Any] = {"library": chain.library}
+    unchecked: set[str] = set()  # no arithmetic or no waits: outputs meaningless
     if args.rows_stages:
         descs, sz_descs = ring_descriptors(chain, WARPS)
         stamps = torch.zeros(1, dtype=torch.int64, device="cuda")
         st = args.rows_stages
         check_resident(st * 16 * WARPS * (STEP.value + 8) + 2 * XP.value * 32 * 8 + 16 * 16 * WARPS * 4, 2)
 
-        def rows() -> None:
+        def rows(math: bool, sync: bool) -> None:
             cnt.zero_()
             _rows_kernel[(programs(2),)](
                 *descs, *sz_descs, x0, *outs, cnt, 0, layers, x0, x0, x0, EPS, stamps, 4 * layers,
-                **shape, WARPS=WARPS, STAGES=st, SUB=False, PDL=False, num_warps=WARPS, maxnreg=128,
+                **shape, WARPS=WARPS, STAGES=st, SUB=False, PDL=False, MATH=math, SYNC=sync, num_warps=WARPS, maxnreg=128,
             )  # fmt: skip
 
-        variants[f"rows {st} stages"] = rows
+        for knobs in args.rows_knobs.split(","):
+            rm, rs = (bool(int(v)) for v in knobs.split(":"))
+            name = f"rows {st} stages" + ("" if rm and rs else f" math {int(rm)} sync {int(rs)}")
+            variants[name] = functools.partial(rows, rm, rs)
+            if not (rm and rs):
+                unchecked.add(name)
     ws_descs, ws_sz, _keep = blocked(chain)
 
     clocks = torch.zeros(2 * sms, WARPS, 4, dtype=torch.int64, device="cuda")
@@ -149,7 +158,6 @@ def main() -> None:
             WARPS=WARPS, STAGES=stages, SUB=False, REGS=regs, FENCE=fence, AHEAD=ahead, num_warps=4, maxnreg=maxnreg,
         )  # fmt: skip
 
-    unchecked: set[str] = set()  # no arithmetic or no waits: outputs meaningless
     for cfg in args.configs.split(","):
         given = [int(v) for v in cfg.split(":")]
         s, p, r, f, a, m, sy, lp = (
