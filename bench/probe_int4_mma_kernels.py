@@ -149,6 +149,12 @@ def _x_pairs(x_ptr, k_lo, K2, NSTEP: gl.constexpr, NSTEP_P: gl.constexpr, WARPS:
     high half divided by 16. Each warp makes whole steps.
     """
     c, m = _x_cols(k_lo, K2, NSTEP, NSTEP_P, WARPS)
+    return _pairs_at(x_ptr, c, m, K2)
+
+
+@gluon.jit
+def _pairs_at(x_ptr, c, m, K2):
+    """``_pack_pairs`` of x loaded at the words whose first low-half column is ``c`` (where ``m``), in ``c``'s layout."""
     return _pack_pairs(
         gl.load(x_ptr + c, mask=m, other=0.0).to(gl.float32),
         gl.load(x_ptr + c + 1, mask=m, other=0.0).to(gl.float32),

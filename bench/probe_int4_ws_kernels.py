@@ -34,7 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from bench.probe_int4_chain import _spin_until
-from bench.probe_int4_mma_kernels import STEP, _pack_pairs, _stamp, _step
+from bench.probe_int4_mma_kernels import STEP, _pairs_at, _stamp, _step
 from bench.probe_int4_rows_kernels import _advance, _per_kind
 
 XPW = gl.constexpr(8)
@@ -103,16 +103,7 @@ def _x_own(x_src, xs, c: gl.constexpr, K2, SPT, WARPS: gl.constexpr):
     lane = gl.arange(0, 32, layout=gl.SliceLayout(0, XL))
     col = gl.expand_dims(si * WARPS + c, 1) * STEP + gl.expand_dims(lane, 0) * 4  # a word's first column
     m = gl.expand_dims(si < SPT, 1) & (col < K2)
-    ab, cd = _pack_pairs(
-        gl.load(x_src + col, mask=m, other=0.0).to(gl.float32),
-        gl.load(x_src + col + 1, mask=m, other=0.0).to(gl.float32),
-        gl.load(x_src + col + 2, mask=m, other=0.0).to(gl.float32),
-        gl.load(x_src + col + 3, mask=m, other=0.0).to(gl.float32),
-        gl.load(x_src + K2 + col, mask=m, other=0.0).to(gl.float32),
-        gl.load(x_src + K2 + col + 1, mask=m, other=0.0).to(gl.float32),
-        gl.load(x_src + K2 + col + 2, mask=m, other=0.0).to(gl.float32),
-        gl.load(x_src + K2 + col + 3, mask=m, other=0.0).to(gl.float32),
-    )
+    ab, cd = _pairs_at(x_src, col, m, K2)
     xs.index(2 * c).store(ab)
     xs.index(2 * c + 1).store(cd)
 
