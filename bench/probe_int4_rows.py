@@ -76,7 +76,11 @@ def timeline(launch: Callable[[], object], cnt: torch.Tensor, stamps: torch.Tens
 
 
 def ring_descriptors(chain: LayerChain, warps: int) -> tuple[list[Any], list[Any]]:
-    """TMA descriptors of every kind's stacked weights (a ring stage's box: 16 rows, ``warps`` steps, 32 words) and of their scales and zeros (16 rows, ``warps`` groups)."""
+    """TMA descriptors of every kind's stacked weights and of their scales and zeros.
+
+    A ring stage is one box of the weights, (16 rows, ``warps`` steps, 32 words), and four of the
+    scales and zeros, (16 rows, ``warps`` groups) of the low and of the high half.
+    """
     lay = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
     descs = []
     ws = dict(chain.ws)

@@ -145,8 +145,9 @@ def _take(wv, scs, ready, empty, ab_v, cd_v, t, i, c: gl.constexpr, WL: gl.const
 
 @gluon.jit
 def _consume(wv, scs, ready, empty, meet, xs, sums_s, t, x_src, y_ptr, cnt_ptr, link, wait, t_ptr,
-             N, B, WARPS: gl.constexpr, STAGES: gl.constexpr,
-             SUB: gl.constexpr, FENCE: gl.constexpr, AHEAD: gl.constexpr, CLOCKS: gl.constexpr, MATH: gl.constexpr, SYNC: gl.constexpr, c: gl.constexpr):  # fmt: skip
+             N, B, WARPS: gl.constexpr, STAGES: gl.constexpr, SUB: gl.constexpr, FENCE: gl.constexpr,
+             AHEAD: gl.constexpr, CLOCKS: gl.constexpr, MATH: gl.constexpr, SYNC: gl.constexpr,
+             c: gl.constexpr):  # fmt: skip
     """Consumer ``c``'s part of one GEMV (``link``): wait for x, its steps of this program's tiles, the meet, the release."""
     SPT = B // STEP // WARPS  # ring stages a tile
     T = N // 16
@@ -171,7 +172,7 @@ def _consume(wv, scs, ready, empty, meet, xs, sums_s, t, x_src, y_ptr, cnt_ptr, 
     acc = gl.zeros([8, 32], gl.float32, WL)
     waited = c0 * 0
     cur = _take(wv, scs, ready, empty, ab_v, cd_v, t, 0, c, WL, WARPS, STAGES, FENCE)
-    for j in range(mine * SPT):  # this program's (tile, stage) in order, the next stage read before this one's math
+    for j in range(mine * SPT):  # this program's (tile, stage) in order; AHEAD: the next read before this one's math
         i = j % SPT
         nxt = cur
         if AHEAD and j + 1 < mine * SPT:
