@@ -78,6 +78,33 @@ def blocked(chain: LayerChain) -> tuple[list[Any], list[Any], list[torch.Tensor]
     return w_descs, s_descs, keep
 
 
+def blocked_rows(chain: LayerChain) -> tuple[list[Any], list[Any], list[torch.Tensor]]:
+    """``blocked`` in the rows kernel's order (its ``BLOCKED``): a stage's words (16 rows, WARPS steps, 32) and its scales and zeros (4, 16 rows, WARPS steps).
+
+    The same boxes the rows kernel reads, each stage's 17 KB contiguous in two copies. Returns the
+    weights' and the scales' descriptors (the latter in the place of each kind's scale descriptor;
+    its zero descriptor is not read) and the tensors they point into.
+    """
+    lay_w = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+    lay_s = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
+    w_descs, s_descs, keep = [], [], []
+    for name in KINDS:
+        n, k = chain.dims[name]
+        ns = k // 2 // int(STEP.value)
+        spt, tiles = ns // WARPS, n // 16
+        words = torch.stack([w[0] for w in chain.ws[name]]).view(torch.int32)  # (L, N, ns * 32)
+        wb = words.view(-1, tiles, 16, spt, WARPS, 32).permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, WARPS, 32)
+        del words
+        sc = torch.stack([w[1] for w in chain.ws[name]])  # (L, N, 2 ns)
+        zs = torch.stack([w[2] for w in chain.ws[name]])
+        sz = torch.stack([sc[..., :ns], sc[..., ns:], zs[..., :ns], zs[..., ns:]], dim=-1)  # (L, N, ns, 4)
+        szb = sz.view(-1, tiles, 16, spt, WARPS, 4).permute(0, 1, 3, 5, 2, 4).contiguous().view(-1, 16, WARPS)
+        w_descs.append(TensorDescriptor.from_tensor(wb, [16, WARPS, 32], lay_w))
+        s_descs.append(TensorDescriptor.from_tensor(szb, [4, 16, WARPS], lay_s))
+        keep += [wb, szb]
+    return w_descs, s_descs, keep
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=32)
@@ -122,17 +149,27 @@ def main() -> None:
         st = args.rows_stages
         check_resident(st * 16 * WARPS * (STEP.value + 8) + 2 * XP.value * 32 * 8 + 16 * 16 * WARPS * 4, 2)
 
-        def rows(math: bool, sync: bool) -> None:
+        b_descs, b_sz, _keep_rows = (
+            blocked_rows(chain) if any(kn.count(":") == 2 for kn in args.rows_knobs.split(",")) else ([], [], [])
+        )
+
+        def rows(math: bool, sync: bool, block: bool) -> None:
             cnt.zero_()
+            ds, ss = (b_descs, [d for d in b_sz for _ in (0, 1)]) if block else (descs, sz_descs)
             _rows_kernel[(programs(2),)](
-                *descs, *sz_descs, x0, *outs, cnt, 0, layers, x0, x0, x0, EPS, stamps, 4 * layers,
-                **shape, WARPS=WARPS, STAGES=st, SUB=False, PDL=False, MATH=math, SYNC=sync, num_warps=WARPS, maxnreg=128,
+                *ds, *ss, x0, *outs, cnt, 0, layers, x0, x0, x0, EPS, stamps, 4 * layers,
+                **shape, WARPS=WARPS, STAGES=st, SUB=False, PDL=False, MATH=math, SYNC=sync, BLOCKED=block,
+                num_warps=WARPS, maxnreg=128,
             )  # fmt: skip
 
         for knobs in args.rows_knobs.split(","):
-            rm, rs = (bool(int(v)) for v in knobs.split(":"))
-            name = f"rows {st} stages" + ("" if rm and rs else f" math {int(rm)} sync {int(rs)}")
-            variants[name] = functools.partial(rows, rm, rs)
+            rm, rs, rb = ([bool(int(v)) for v in knobs.split(":")] + [False])[:3]
+            name = (
+                f"rows {st} stages"
+                + (" blocked" if rb else "")
+                + ("" if rm and rs else f" math {int(rm)} sync {int(rs)}")
+            )
+            variants[name] = functools.partial(rows, rm, rs, rb)
             if not (rm and rs):
                 unchecked.add(name)
     ws_descs, ws_sz, _keep = blocked(chain)
