@@ -75,7 +75,7 @@ def _issue(d0, d1, d2, d3, sds, bars, bufs, scs, t, kind, row, stage, ns, WARPS:
 
     The weights are a (16 rows, WARPS steps, 32 words) box; ``sds`` holds each kind's scale and zero
     descriptors (boxes of 16 rows x WARPS groups); ``ns`` is the kind's steps a row. ``BLOCKED``: the
-    weights laid out a stage a block (``bench.probe_int4_ws.blocked_rows``), the same box at block
+    weights laid out a stage a block (``bench.probe_int4_ws.blocked``), the same box at block
     ``row // 16 * ns / WARPS + stage``, and the stage's scales and zeros one (4, 16, WARPS) box of
     ``sds``' scale descriptor into ``scs`` viewed (STAGES, 4, 16, WARPS): two copies a stage, not five.
     """

@@ -50,57 +50,41 @@ def ws_smem(stages: int) -> int:
     return ring + 2 * WARPS * int(XPW.value) * 32 * 8 + 2 * MAXT * 8 * WARPS * 4 + 8 * (2 * stages + 1)
 
 
-def blocked(chain: LayerChain) -> tuple[list[Any], list[Any], list[torch.Tensor]]:
+def blocked(chain: LayerChain, rows_order: bool = False) -> tuple[list[Any], list[Any], list[torch.Tensor]]:
     """Each kind's weights, scales and zeros laid out a ring stage a block, and TMA descriptors of a block.
 
-    A stage (layer, tile of 16 rows, K steps ``i WARPS .. i WARPS + WARPS - 1``) is 16 KB of words,
-    step-major ((WARPS, 16, 32): a consumer's step is one (16, 32) block), and 1 KB of
-    (16 rows, WARPS steps x (s_lo, s_hi, z_lo, z_hi)) bf16. Returns the descriptors and the tensors
-    they point into (to keep alive).
+    A stage (layer, tile of 16 rows, K steps ``i WARPS .. i WARPS + WARPS - 1``) is 16 KB of words
+    and 1 KB of its scales and zeros (s_lo, s_hi, z_lo, z_hi), each contiguous. For ``_ws_kernel``
+    the words are step-major, (WARPS, 16, 32): a consumer's step is one (16, 32) block, and the
+    scales (16 rows, WARPS steps x 4). With ``rows_order``, for ``_rows_kernel``'s ``BLOCKED``, the
+    boxes it reads otherwise: words (16 rows, WARPS steps, 32) and scales (4, 16 rows, WARPS steps).
+    Returns the descriptors and the tensors they point into (to keep alive).
     """
-    lay_w = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-    lay_s = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    rank = 3 if rows_order else 2
+    lay_w = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=rank)
+    lay_s = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=rank)
     w_descs, s_descs, keep = [], [], []
     for name in KINDS:
         n, k = chain.dims[name]
         ns = k // 2 // int(STEP.value)  # steps a row: one group of each half a step
         spt, tiles = ns // WARPS, n // 16
         words = torch.stack([w[0] for w in chain.ws[name]]).view(torch.int32)  # (L, N, ns * 32)
-        wb = words.view(-1, tiles, 16, spt, WARPS, 32).permute(0, 1, 3, 4, 2, 5).contiguous().view(-1, 32)
-        del words
+        words = words.view(-1, tiles, 16, spt, WARPS, 32)  # (L, tiles, rows, stages, steps, words)
         sc = torch.stack([w[1] for w in chain.ws[name]])  # (L, N, 2 ns): the low half's groups, then the high's
         zs = torch.stack([w[2] for w in chain.ws[name]])
         sz = torch.stack([sc[..., :ns], sc[..., ns:], zs[..., :ns], zs[..., ns:]], dim=-1)  # (L, N, ns, 4)
-        szb = sz.view(-1, tiles, 16, spt, WARPS, 4).permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, 4 * WARPS)
-        w_descs.append(TensorDescriptor.from_tensor(wb, [16 * WARPS, 32], lay_w))
-        s_descs.append(TensorDescriptor.from_tensor(szb, [16, 4 * WARPS], lay_s))
-        keep += [wb, szb]
-    return w_descs, s_descs, keep
-
-
-def blocked_rows(chain: LayerChain) -> tuple[list[Any], list[Any], list[torch.Tensor]]:
-    """``blocked`` in the rows kernel's order (its ``BLOCKED``): a stage's words (16 rows, WARPS steps, 32) and its scales and zeros (4, 16 rows, WARPS steps).
-
-    The same boxes the rows kernel reads, each stage's 17 KB contiguous in two copies. Returns the
-    weights' and the scales' descriptors (the latter in the place of each kind's scale descriptor;
-    its zero descriptor is not read) and the tensors they point into.
-    """
-    lay_w = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
-    lay_s = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
-    w_descs, s_descs, keep = [], [], []
-    for name in KINDS:
-        n, k = chain.dims[name]
-        ns = k // 2 // int(STEP.value)
-        spt, tiles = ns // WARPS, n // 16
-        words = torch.stack([w[0] for w in chain.ws[name]]).view(torch.int32)  # (L, N, ns * 32)
-        wb = words.view(-1, tiles, 16, spt, WARPS, 32).permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, WARPS, 32)
+        sz = sz.view(-1, tiles, 16, spt, WARPS, 4)  # (L, tiles, rows, stages, steps, 4)
+        if rows_order:
+            wb = words.permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, WARPS, 32)
+            szb = sz.permute(0, 1, 3, 5, 2, 4).contiguous().view(-1, 16, WARPS)
+            w_box, s_box = [16, WARPS, 32], [4, 16, WARPS]
+        else:
+            wb = words.permute(0, 1, 3, 4, 2, 5).contiguous().view(-1, 32)
+            szb = sz.permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, 4 * WARPS)
+            w_box, s_box = [16 * WARPS, 32], [16, 4 * WARPS]
         del words
-        sc = torch.stack([w[1] for w in chain.ws[name]])  # (L, N, 2 ns)
-        zs = torch.stack([w[2] for w in chain.ws[name]])
-        sz = torch.stack([sc[..., :ns], sc[..., ns:], zs[..., :ns], zs[..., ns:]], dim=-1)  # (L, N, ns, 4)
-        szb = sz.view(-1, tiles, 16, spt, WARPS, 4).permute(0, 1, 3, 5, 2, 4).contiguous().view(-1, 16, WARPS)
-        w_descs.append(TensorDescriptor.from_tensor(wb, [16, WARPS, 32], lay_w))
-        s_descs.append(TensorDescriptor.from_tensor(szb, [4, 16, WARPS], lay_s))
+        w_descs.append(TensorDescriptor.from_tensor(wb, w_box, lay_w))
+        s_descs.append(TensorDescriptor.from_tensor(szb, s_box, lay_s))
         keep += [wb, szb]
     return w_descs, s_descs, keep
 
@@ -150,7 +134,9 @@ def main() -> None:
         check_resident(st * 16 * WARPS * (STEP.value + 8) + 2 * XP.value * 32 * 8 + 16 * 16 * WARPS * 4, 2)
 
         b_descs, b_sz, _keep_rows = (
-            blocked_rows(chain) if any(kn.count(":") == 2 for kn in args.rows_knobs.split(",")) else ([], [], [])
+            blocked(chain, rows_order=True)
+            if any(kn.count(":") == 2 for kn in args.rows_knobs.split(","))
+            else ([], [], [])
         )
 
         def rows(math: bool, sync: bool, block: bool) -> None:
