@@ -7,16 +7,20 @@ warps (7 a stage), so every warp waits for the slowest at every stage, and a sta
 by the warps that compute. ``bench.probe_int4_ws_kernels._ws_kernel`` splits the program with
 ``gl.warp_specialize``: a producer partition streams the ring over every GEMV and layer without
 waiting for any x, and 8 consumer partitions of one warp each, whose barriers lower to
-``bar.warp.sync``. The weights are laid out at load a ring stage a block (``blocked``). Same chain, tiles, ring stages and arithmetic (``_step``) as the rows kernel.
+``bar.warp.sync``. The weights are laid out at load a ring stage a block (``blocked``). Same chain,
+tiles, ring stages and arithmetic (``_step``) as the rows kernel.
 
 Times, in one process on the same weights (32 layers of the 8B shape's int4 GEMVs in one CUDA
 graph, each GEMV's input the output before it): the library's 128 launches, the rows kernel in one
-launch, and the warp-specialized kernel over configs ``stages:per_sm:regs`` (ring depth, programs a
-multiprocessor, registers a consumer warp; then, each 0 or 1: a consumer fences before it releases a
-stage (default 0), reads its next stage before this one's arithmetic (0), does the arithmetic (1;
-0: the ring and its handshakes alone), waits for the GEMV before (1; 0: no boundaries), and runs the
-four GEMVs through one call site with their sizes at run time (0; 1: a quarter of the code)). Each output is
-checked against ``kernels.reference``, but those without arithmetic or waits. Nothing in the engine calls these kernels.
+launch (``--rows-knobs``: with or without its arithmetic, its waits between GEMVs, and its weights
+a stage a block), and the warp-specialized kernel over configs ``stages:per_sm:regs`` (ring depth,
+programs a multiprocessor, registers a consumer warp; then, each 0 or 1: a consumer fences before
+it releases a stage (default 0), reads its next stage before this one's arithmetic (0), does the
+arithmetic (1; 0: the ring and its handshakes alone), waits for the GEMV before (1; 0: no
+boundaries), and runs the four GEMVs through one call site with their sizes at run time (0; 1: a
+quarter of the code)). Each output is checked against ``kernels.reference``, but those without
+arithmetic or waits. ``--clocks`` counts each consumer's cycles waiting for x and for ring stages.
+Nothing in the engine calls these kernels.
 
     python -m bench.probe_int4_ws --json $OUT/probe_int4_ws.json
 """
@@ -99,7 +103,9 @@ def main() -> None:
     )
     ap.add_argument("--rows-stages", type=int, default=4, help="the rows kernel's ring depth (0: not run)")
     ap.add_argument(
-        "--rows-knobs", default="1:1", help="the rows kernel's math:sync variants (0: skip), comma-separated"
+        "--rows-knobs",
+        default="1:1",
+        help="the rows kernel's math:sync[:blocked] variants (each 0 or 1), comma-separated",
     )
     ap.add_argument("--rounds", type=int, default=2, help="alternations of all variants")
     ap.add_argument("--clocks", default="", help="configs stages:per_sm:regs[:fence] to run once counting cycles")
