@@ -98,6 +98,22 @@ def ring_descriptors(chain: LayerChain, warps: int) -> tuple[list[Any], list[Any
     return descs, sz_descs
 
 
+def ring_programs(dims: dict[str, tuple[int, int]], sms: int, per_sm: int, maxt: int = 16) -> int:
+    """Programs of a persistent kernel over the four GEMVs: ``per_sm`` a multiprocessor, each with a tile in every GEMV.
+
+    Raises ``ValueError`` where a program would get more than ``maxt`` (the kernels' ``MAXT``) tiles of a GEMV.
+    """
+    programs = min(sms * per_sm, min(dims[name][0] // 16 for name in KINDS))
+    if max(-(-dims[name][0] // 16 // programs) for name in KINDS) > maxt:
+        raise ValueError(f"{programs} programs: more than MAXT ({maxt}) tiles a program in a GEMV")
+    return programs
+
+
+def rows_smem(stages: int, warps: int) -> int:
+    """Shared memory a ``_rows_kernel`` program takes: the ring (words, scales, zeros), x's pairs, the sums."""
+    return stages * 16 * warps * (int(STEP.value) + 8) + 2 * int(XP.value) * 32 * 8 + 16 * 16 * warps * 4
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=32)
@@ -124,9 +140,7 @@ def main() -> None:
     res["library_us"] = [graph_time_ms(chain.library) * 1e3 for _ in range(3)]
     print(f"{layers} layers, {chain.mb:.0f} MB, {chain.mb / 3.0:.0f} us at 3 TB/s; library {res['library_us']} us")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    programs = min(sms * args.per_sm, min(dims[name][0] // 16 for name in KINDS))  # each a tile in every GEMV
-    if max(-(-dims[name][0] // 16 // programs) for name in KINDS) > 16:
-        raise ValueError(f"{programs} programs: more than MAXT (16) tiles a program in a GEMV")
+    programs = ring_programs(dims, sms, args.per_sm)
     res["programs"] = programs
     descs, sz_descs = ring_descriptors(chain, warps)
     ys = {name: torch.empty(layers, dims[name][0], device="cuda", dtype=torch.bfloat16) for name in KINDS}
@@ -155,9 +169,7 @@ def main() -> None:
 
     res["runs"] = {}
     for stages in (int(s) for s in args.stages.split(",")):
-        check_resident(
-            stages * 16 * warps * (STEP.value + 8) + 2 * XP.value * 32 * 8 + 16 * 16 * warps * 4, args.per_sm
-        )
+        check_resident(rows_smem(stages, warps), args.per_sm)
         for mode in args.modes.split(","):
             run = functools.partial(launch, mode, stages)
             run()

@@ -40,8 +40,8 @@ from bench.engine_gpu import graph_time_ms
 from bench.int4_layer_chain import EPS, KINDS, LayerChain
 from bench.probe_int4_chain import check_resident
 from bench.probe_int4_mma_kernels import STEP
-from bench.probe_int4_rows import ring_descriptors
-from bench.probe_int4_rows_kernels import XP, _rows_kernel
+from bench.probe_int4_rows import ring_descriptors, ring_programs, rows_smem
+from bench.probe_int4_rows_kernels import _rows_kernel
 from bench.probe_int4_ws_kernels import XPW, _ws_kernel
 
 WARPS = 8
@@ -126,10 +126,7 @@ def main() -> None:
     x0 = chain.x0
 
     def programs(per_sm: int) -> int:
-        p = min(sms * per_sm, min(dims[name][0] // 16 for name in KINDS))  # each a tile in every GEMV
-        if max(-(-dims[name][0] // 16 // p) for name in KINDS) > MAXT:
-            raise ValueError(f"{p} programs: more than MAXT ({MAXT}) tiles a program in a GEMV")
-        return p
+        return ring_programs(dims, sms, per_sm, MAXT)
 
     variants: dict[str, Any] = {"library": chain.library}
     unchecked: set[str] = set()  # no arithmetic or no waits: outputs meaningless
@@ -137,7 +134,7 @@ def main() -> None:
         descs, sz_descs = ring_descriptors(chain, WARPS)
         stamps = torch.zeros(1, dtype=torch.int64, device="cuda")
         st = args.rows_stages
-        check_resident(st * 16 * WARPS * (STEP.value + 8) + 2 * XP.value * 32 * 8 + 16 * 16 * WARPS * 4, 2)
+        check_resident(rows_smem(st, WARPS), 2)
 
         b_descs, b_sz, _keep_rows = (
             blocked(chain, rows_order=True)
