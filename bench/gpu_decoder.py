@@ -22,7 +22,7 @@ from kernels._matmul_config import Config, config_for
 from kernels._matmul_launch import finish_unfused
 from kernels.argmax import argmax
 from kernels.dense_gemv import MODEL_ROWS, dense_gemv
-from kernels.int4_matmul import int4_matmul, int4_mlp
+from kernels.int4_matmul import int4_matmul
 from kernels.paged_attention import paged_decode_attention
 from kernels.quant_matmul import int8_matmul
 from kernels.rmsnorm import rms_norm_residual
@@ -173,12 +173,6 @@ class Decoder:
         groups = [(name, [getattr(layer, name) for layer in self.layers], name == "gate_up") for name in names]
         return [*groups, ("lm_head", [self.lm_head], False)]
 
-    def mlp(self, layer: Layer, h: torch.Tensor) -> torch.Tensor:
-        """down(silu_and_mul(gate_up(h))): gate_up's GEMV applies SiLU-and-mul as it writes; int4 hands off to down."""
-        if self.mode == "int4":
-            return int4_mlp(h, layer.gate_up.tensors, layer.down.tensors, layer.gate_up.group)  # type: ignore[arg-type]
-        return layer.down(layer.gate_up(h, glu=True))
-
     def step(self, st: DecodeState) -> None:
         """One decode token per row: reads ``st.ids`` etc., writes the greedy next ids and advances the state."""
         s = self.s
@@ -197,7 +191,7 @@ class Decoder:
             o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5)  # (b, nh, hd)
             x = layer.o(o.view(b, q_size))
             h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps) if norm else (x, x)
-            x = self.mlp(layer, h)
+            x = layer.down(layer.gate_up(h, glu=True))  # the matmuls apply SiLU-and-mul as they write
         h = rms_norm_residual(x, res, self.norm, s.eps)[0] if norm else x
         logits = self.lm_head(h)  # (b, V)
         if self.torch_argmax:

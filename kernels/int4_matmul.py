@@ -18,22 +18,18 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernels import int4_gemv, reference
-from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, next_pow2, tl, triton
+from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, tl, triton
 from kernels._matmul_config import Config, config_for
 from kernels._matmul_launch import check_epilogue, check_group, check_step, check_x, finish_unfused, launch
-from kernels.handoff import PROBE, Handoff, handoff_enabled
-
-STAMPS: dict[str, torch.Tensor | None] = {}
 
 if TYPE_CHECKING:
     from kernels.rope_kv import RopeKV
 
-__all__ = ["int4_matmul", "int4_mlp"]
+__all__ = ["int4_matmul"]
 
 if triton is not None:
     from kernels._common import pdl_enter_after_wait
     from kernels._matmul_launch import _program_tile, _store_tile
-    from kernels.handoff import _handoff_await, _handoff_finish, _handoff_signal
     from kernels.int4_gemv import (
         _byte_tile,
         _group_scales,
@@ -52,8 +48,6 @@ if triton is not None:
         w_ptr,  # (N, K/2) uint8: column j low nibble, column j + K/2 high nibble
         s_ptr,  # (N, K/G) scales
         z_ptr,  # (N, K/G) zeros: w = (q - 8) * scale + zero
-        hof_ptr,  # kernels.handoff counters (unused without SIGNAL or WAIT)
-        stamp_ptr,
         out_ptr,  # (M, N) output; (M, N / 2) with GLU, (M, QN) with ROPE
         part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
         cnt_ptr,  # per-tile arrival counters, zero between launches
@@ -90,12 +84,6 @@ if triton is not None:
         AHEAD: tl.constexpr = False,  # half2 GEMV: scales and x a step ahead (Config.ahead)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
         R: tl.constexpr = 1,  # half2 GEMV: runs of a group a thread holds (kernels.int4_gemv._word_cols)
-        SIGNAL: tl.constexpr = False,  # GEMV: count the output columns written in hof_ptr (kernels.handoff)
-        WAIT: tl.constexpr = False,  # GEMV: wait for x's chunks in hof_ptr instead of the PDL wait
-        HOF_COLS: tl.constexpr = 1,  # columns a handoff counter covers
-        HOF_SPAN: tl.constexpr = 1,
-        HOF_SEM: tl.constexpr = 0,
-        STAMP: tl.constexpr = False,  # handoff counters a poll reads (a power of two, a split's chunks or more)
     ):
         rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
         pos, slot = _rope_rows(pos_ptr, slot_ptr, rm, mmask, ROPE)  # before the PDL wait
@@ -123,15 +111,8 @@ if triton is not None:
                     wq = _word_tile(w32, k_lo, k_end, K2, nmask, BLOCK_K, G // 4, R)
                 if AHEAD:
                     s0, z0, s1, z1 = _group_scales(s_ptr, z_ptr, rn, ss_n, k_lo, nmask, K2, NG, G)
-                _enter(PDL, WAIT)
-                ready = k_lo  # handoff: bytes up to which x's chunks are known to be whole
-                if STAMP:
-                    _stamp(stamp_ptr, 0)
+                pdl_enter_after_wait(PDL)
                 if AHEAD:
-                    if WAIT:
-                        ready = _handoff_await(hof_ptr, k_lo, k_end, K2, M, HOF_COLS, HOF_SPAN, ASM, HOF_SEM)
-                    if STAMP:
-                        _stamp(stamp_ptr, 1)
                     a0, a1, a2, a3 = _x_quads(x_row, k_lo, k_end, K2, BLOCK_W)
                     b0, b1, b2, b3 = _x_quads(x_row + K2, k_lo, k_end, K2, BLOCK_W)
                 for k0 in range(k_lo, k_end, BLOCK_K):
@@ -145,15 +126,11 @@ if triton is not None:
                         ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3 = a0, a1, a2, a3, b0, b1, b2, b3
                         nxt = k0 + BLOCK_K
                         s0, z0, s1, z1 = _group_scales(s_ptr, z_ptr, rn, ss_n, nxt, nmask & (nxt < k_end), K2, NG, G)
-                        if WAIT and nxt < k_end and nxt >= ready:
-                            ready = _handoff_await(hof_ptr, nxt, k_end, K2, M, HOF_COLS, HOF_SPAN, ASM, HOF_SEM)
                         a0, a1, a2, a3 = _x_quads(x_row, nxt, k_end, K2, BLOCK_W)
                         b0, b1, b2, b3 = _x_quads(x_row + K2, nxt, k_end, K2, BLOCK_W)
                         t_lo, t_hi, xs_lo, xs_hi = _h2_sums(cw, ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3, G, R)
                         acc2 = _h2_fold(acc2, t_lo, t_hi, xs_lo, xs_hi, cs0, cz0, cs1, cz1)
                     else:
-                        if WAIT and k0 >= ready:
-                            ready = _handoff_await(hof_ptr, k0, k_end, K2, M, HOF_COLS, HOF_SPAN, ASM, HOF_SEM)
                         acc2 = _int4_h2_step(acc2, cw, k0, k_end, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, R)
             else:
                 # NOTE(h7): PREFETCH peels the first step, which doubled this loop's registers (16 x 512
@@ -163,16 +140,11 @@ if triton is not None:
                 w_ptrs = w_ptr + rn[:, None] * sw_n
                 if PREFETCH:  # see _dense_gemv_kernel
                     b = _byte_tile(w_ptrs, k_lo, K2, nmask, BLOCK_K)
-                _enter(PDL, WAIT)
-                ready = k_lo  # handoff: bytes up to which x's chunks are known to be whole
+                pdl_enter_after_wait(PDL)
                 if PREFETCH:
-                    if WAIT:
-                        ready = _handoff_await(hof_ptr, k_lo, k_end, K2, M, HOF_COLS, HOF_SPAN, ASM, HOF_SEM)
                     acc2 = _int4_gemv_step(acc2, b, k_lo, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
                 for k0 in range(k_lo + BLOCK_K * PREFETCH, k_end, BLOCK_K):
                     b = _byte_tile(w_ptrs, k0, K2, nmask, BLOCK_K)
-                    if WAIT and k0 >= ready:
-                        ready = _handoff_await(hof_ptr, k0, k_end, K2, M, HOF_COLS, HOF_SPAN, ASM, HOF_SEM)
                     acc2 = _int4_gemv_step(acc2, b, k0, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, EXACT, ASM)
             acc = tl.sum(acc2, axis=1)[None, :]  # (1, BLOCK_N)
         else:
@@ -209,27 +181,6 @@ if triton is not None:
             acc, rm, rn, mmask, nmask, out_ptr, so_m, part_ptr, M * N, cnt_ptr, N, NSPLIT, GLU,
             pos, slot, cos_ptr, sin_ptr, kc_ptr, vc_ptr, s_cos, QN, KVN, ROPE,
         )  # fmt: skip
-        if STAMP:
-            _stamp(stamp_ptr, 2)
-        if SIGNAL:  # one split (int4_mlp): this program wrote its tile's BLOCK_N / 2 columns
-            _handoff_signal(hof_ptr, tl.program_id(1) * (BLOCK_N // 2), BLOCK_N // 2, HOF_COLS, HOF_SEM)
-        if WAIT:
-            _handoff_finish(hof_ptr, 2 * K2 // HOF_COLS, PDL)
-
-    @triton.jit
-    def _stamp(stamp_ptr, i: tl.constexpr):
-        pid = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
-        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-        tl.store(stamp_ptr + pid * 4 + i, t)
-
-    @triton.jit
-    def _enter(PDL: tl.constexpr, WAIT: tl.constexpr):
-        """The PDL entry: wait, then let the next kernel launch; a handoff's consumer only lets it launch (kernels.handoff)."""
-        if WAIT:
-            if PDL:
-                tl.extra.cuda.gdc_launch_dependents()
-        else:
-            pdl_enter_after_wait(PDL)
 
 
 def int4_matmul(
@@ -253,69 +204,10 @@ def int4_matmul(
     Raises:
         ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
     """
-    weight = (packed, scales, zeros)
-    _check_weight(weight, group_size)
-    check_x(x, 2 * packed.shape[1])
-    check_epilogue(packed.shape[0], glu, rope)
-    if not can_launch(x, *weight):
-        return finish_unfused(reference.int4_matmul(x, packed, scales, zeros, group_size), glu, rope)
-    check_last_contiguous("x", x)
-    cfg = _launch_config(x, weight, group_size, config)
-    return _launch(x, weight, group_size, cfg, glu, rope)
-
-
-def int4_mlp(
-    x: torch.Tensor,
-    gate_up: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    down: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    group_size: int,
-) -> torch.Tensor:
-    """``silu_and_mul(x @ gate_up.T) @ down.T``: two ``int4_matmul`` launches, handed off where both are GEMVs.
-
-    ``gate_up`` and ``down`` are ``(packed, scales, zeros)`` in the ``reference.quantize_int4``
-    layout, ``gate_up`` ``[gate; up]``. Where both launches take the GEMV path with tiles that fit
-    (``_handoff_for``), down starts on gate_up's output chunk by chunk (``kernels.handoff``); the
-    result is the same, bit for bit, as the two plain launches'.
-
-    Raises:
-        ValueError: shapes, dtypes, strides or a group size the kernels cannot take.
-    """
-    _check_weight(gate_up, group_size)
-    _check_weight(down, group_size)
-    n_gu, k2_dn = gate_up[0].shape[0], down[0].shape[1]
-    check(n_gu == 4 * k2_dn, f"down's K ({2 * k2_dn}) must be half of gate_up's {n_gu} rows")
-    check_x(x, 2 * gate_up[0].shape[1])
-    if not can_launch(x, *gate_up, *down):
-        return int4_matmul(int4_matmul(x, *gate_up, group_size, glu=True), *down, group_size)
-    check_last_contiguous("x", x)
-    cfg_gu = _launch_config(x, gate_up, group_size, None)
-    cfg_dn = _launch_config(x, down, group_size, None)
-    hof = _handoff_for(x.device, n_gu // 2, cfg_gu, cfg_dn, k2_dn)
-    h = _launch(x, gate_up, group_size, cfg_gu, True, None, signal=hof)
-    return _launch(h, down, group_size, cfg_dn, False, None, wait=hof)
-
-
-def _handoff_for(device: torch.device, columns: int, cfg_gu: Config, cfg_dn: Config, k2_dn: int) -> Handoff | None:
-    """A handoff between gate_up and down launched with these configs, or None where they cannot take one.
-
-    Both GEMVs; gate_up unsplit (a program writes its tile's columns itself); a counter a chunk of
-    down's step (``block_k`` columns of each half), which gate_up's tiles (``block_n / 2`` columns)
-    fill whole and down's K halves hold whole.
-    """
-    if not handoff_enabled() or cfg_gu.path != "gemv" or cfg_dn.path != "gemv" or cfg_gu.split_k != 1:
-        return None
-    cols = cfg_dn.block_k
-    if columns % cols or cols % (cfg_gu.block_n // 2) or k2_dn % cols:
-        return None
-    return Handoff.between(device, columns, cols)
-
-
-def _check_weight(weight: tuple[torch.Tensor, torch.Tensor, torch.Tensor], group_size: int) -> None:
-    """A packed weight, its scales and zeros as the kernel takes them, whatever x."""
-    packed, scales, zeros = weight
     check(packed.dim() == 2, f"packed must be (N, K/2), got {tuple(packed.shape)}")
     n, k2 = packed.shape
     k = 2 * k2
+    check_x(x, k)
     check_dtype("packed", packed, torch.uint8)
     check_group(group_size)
     check(k2 % group_size == 0, f"K ({k}) must be a multiple of 2 * group_size ({2 * group_size})")
@@ -323,53 +215,26 @@ def _check_weight(weight: tuple[torch.Tensor, torch.Tensor, torch.Tensor], group
         scales.shape == (n, k // group_size) and zeros.shape == scales.shape,
         f"scales and zeros must be ({n}, {k // group_size})",
     )
-
-
-def _launch_config(
-    x: torch.Tensor, weight: tuple[torch.Tensor, torch.Tensor, torch.Tensor], group_size: int, config: Config | None
-) -> Config:
-    """The config a launch over ``x``'s rows takes (``config``, else the table's), checked against the weight."""
-    packed, scales, zeros = weight
+    check_epilogue(n, glu, rope)
+    if not can_launch(x, packed, scales, zeros):
+        return finish_unfused(reference.int4_matmul(x, packed, scales, zeros, group_size), glu, rope)
+    check_last_contiguous("x", x)
     check(
         packed.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous(),
         "packed, scales, zeros must be contiguous",
     )
-    n, k2 = packed.shape
-    cfg = config or config_for("int4", x.shape[0], n, 2 * k2, k2, group_size, x.device)
+    cfg = config or config_for("int4", x.shape[0], n, k, k2, group_size, x.device)
     check_step(group_size, cfg)
     # Config.runs is the half2 loop's alone: each run whole 4-word vectors (16 columns of a half)
     check(group_size % (16 * cfg.runs) == 0, f"runs {cfg.runs} must cut group_size {group_size} into 16-column runs")
-    return cfg
-
-
-def _launch(
-    x: torch.Tensor,
-    weight: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    group_size: int,
-    cfg: Config,
-    glu: bool,
-    rope: RopeKV | None,
-    *,
-    signal: Handoff | None = None,
-    wait: Handoff | None = None,
-) -> torch.Tensor:
-    """Launch the checked ``_int4_kernel``; with ``signal`` or ``wait``, as a handoff's producer or consumer."""
-    packed, scales, zeros = weight
-    n, k2 = packed.shape
     strides = (x.stride(0), packed.stride(0), scales.stride(0))
     exact = x.dtype == torch.float32
     asm = x.is_cuda and not interpreting()
     h2 = asm and not exact and int4_gemv.takes_half2(cfg, k2, packed.data_ptr())
-    hof = signal or wait
-    st = STAMPS.get("buf")
-    tensors = (packed, scales, zeros, hof.counters if hof is not None else zeros, st if st is not None else zeros)
+    tensors = (packed, scales, zeros)
     ahead = h2 and cfg.ahead
     runs = cfg.runs if h2 else 1
     return launch(
         _int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope,
         G=group_size, EXACT=exact, ASM=asm, H2=h2, AHEAD=ahead, R=runs,
-        SIGNAL=signal is not None, WAIT=wait is not None, HOF_COLS=hof.cols if hof is not None else 1,
-        HOF_SEM=PROBE["sem"],
-        STAMP=st is not None,
-        HOF_SPAN=next_pow2(-(-k2 // cfg.split_k // hof.cols) + 1) if hof is not None else 1,
     )  # fmt: skip

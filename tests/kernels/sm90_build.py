@@ -170,7 +170,7 @@ def cases() -> list[Case]:
         tile, warps, prefetch = _default("int8", 1, small_n, small_k, 0)
         c = {**gemv, **tile, "G": 0, "GLU": glu, "PREFETCH": prefetch}
         out.append(Case(f"int8 gemv {small_n}x{small_k}", quant_matmul._int8_kernel, c, {**mm, "w_ptr": "*i8"}, warps))
-    w4 = {**mm, "w_ptr": "*u8", "hof_ptr": "*i32"}
+    w4 = {**mm, "w_ptr": "*u8"}
     tile, warps, _ = _default("int4", 1, n, k // 2, 128)
     loads = [
         (False, False, False),
@@ -187,22 +187,6 @@ def cases() -> list[Case]:
     tile, warps, prefetch = _default("int4", 1, gu_n, gu_k // 2, 128)
     c = {**gemv, **tile, "G": 128, "GLU": True, "EXACT": False, "H2": True, "PREFETCH": prefetch}
     out.append(Case("int4 gemv glu", int4_matmul._int4_kernel, c, w4, warps))
-    # the 8B MLP's handoff (kernels.handoff): gate_up counts its chunks of down's 512-byte step
-    out.append(
-        Case("int4 gemv glu handoff", int4_matmul._int4_kernel, {**c, "SIGNAL": True, "HOF_COLS": 512}, w4, warps)
-    )
-    tile, warps, prefetch = _default("int4", 1, n, k // 2, 128)
-    c = {**gemv, **tile, "G": 128, "GLU": False, "EXACT": False, "H2": True, "PREFETCH": prefetch}
-    out.append(Case("int4 gemv down", int4_matmul._int4_kernel, c, w4, warps))
-    out.append(
-        Case(
-            "int4 gemv down handoff",
-            int4_matmul._int4_kernel,
-            {**c, "WAIT": True, "HOF_COLS": 512, "HOF_SPAN": 16},
-            w4,
-            warps,
-        )
-    )
     for bn, bk, warps in ((16, 128, 4), (4, 512, 4), (2, 1024, 2)):  # the smallest tiles takes_half2 lets in
         c = {**gemv, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "G": 32, "GLU": False, "EXACT": False, "H2": True}
         for ahead, runs in ((False, 1), (True, 1), (True, 2)):  # runs: 2 of GGUF's 8-word groups a thread
@@ -276,8 +260,7 @@ def cases() -> list[Case]:
         out.append(Case(f"argmax x={x_type[1:]}", argmax._argmax_kernel, c, types))
     for case in out:  # a constexpr left out would build as an i32 argument
         if case.fn is int4_matmul._int4_kernel:
-            for name, value in (("R", 1), ("SIGNAL", False), ("WAIT", False), ("HOF_COLS", 1), ("HOF_SPAN", 1)):
-                case.consts.setdefault(name, value)
+            case.consts.setdefault("R", 1)
     return out
 
 
