@@ -46,9 +46,6 @@ class Config:
     runs: int = 1
     """int4 half2 GEMV: each thread holds this many runs of a group's words, so the group's sums
     take fewer cross-thread steps (``kernels.int4_gemv._word_cols``); 1 keeps the plain tile."""
-    stages: int = 1
-    """int4 half2 GEMV: the loop's loads (weights, scales, x) run this many steps ahead through shared
-    memory (Triton's software pipeline, ``cp.async``), in place of ``prefetch`` and ``ahead``; 1: none."""
 
 
 _CONFIGS: dict[tuple[str, int, int, int], Config] = {}

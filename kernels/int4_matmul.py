@@ -84,7 +84,6 @@ if triton is not None:
         AHEAD: tl.constexpr = False,  # half2 GEMV: scales and x a step ahead (Config.ahead)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
         R: tl.constexpr = 1,  # half2 GEMV: runs of a group a thread holds (kernels.int4_gemv._word_cols)
-        STAGES: tl.constexpr = 1,  # half2 GEMV: steps the loop's loads run ahead through shared memory (Config.stages)
     ):
         rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
         pos, slot = _rope_rows(pos_ptr, slot_ptr, rm, mmask, ROPE)  # before the PDL wait
@@ -116,11 +115,7 @@ if triton is not None:
                 if AHEAD:
                     a0, a1, a2, a3 = _x_quads(x_row, k_lo, k_end, K2, BLOCK_W)
                     b0, b1, b2, b3 = _x_quads(x_row + K2, k_lo, k_end, K2, BLOCK_W)
-                if STAGES > 1:
-                    for k0 in tl.range(k_lo, k_end, BLOCK_K, num_stages=STAGES):
-                        cw = _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K, G // 4, R)
-                        acc2 = _int4_h2_step(acc2, cw, k0, k_end, x_row, K2, s_ptr, z_ptr, rn, ss_n, nmask, G, R)
-                for k0 in range(k_lo, k_end if STAGES == 1 else k_lo, BLOCK_K):
+                for k0 in range(k_lo, k_end, BLOCK_K):
                     if PREFETCH:
                         cw = wq
                         wq = _word_tile(w32, k0 + BLOCK_K, k_end, K2, nmask, BLOCK_K, G // 4, R)
@@ -239,8 +234,7 @@ def int4_matmul(
     tensors = (packed, scales, zeros)
     ahead = h2 and cfg.ahead
     runs = cfg.runs if h2 else 1
-    check(cfg.stages == 1 or not (cfg.prefetch or cfg.ahead), "stages replace prefetch and ahead; set one or the other")
     return launch(
         _int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope,
-        G=group_size, EXACT=exact, ASM=asm, H2=h2, AHEAD=ahead, R=runs, STAGES=cfg.stages if h2 else 1,
+        G=group_size, EXACT=exact, ASM=asm, H2=h2, AHEAD=ahead, R=runs,
     )  # fmt: skip
