@@ -70,7 +70,7 @@ def waves_gate_up(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, z
     """
     n, k2 = packed.shape
     out = torch.empty((1, n // 2), dtype=x.dtype, device=x.device)
-    tiles = n // 2 // 4
+    tiles = n // 2 // 4  # 4 [gate; up] pairs a tile of 8 rows
     assert tiles % t == 0
     _waves_kernel[(tiles // t,)](
         x, packed, scales, zeros, out, n, k2, packed.stride(0), scales.stride(0),
