@@ -25,7 +25,11 @@ import torch
 from bench.engine_gpu import SHAPES, graph_time_ms
 from bench.gpu_decoder import Decoder
 from kernels._common import pdl_args, tl, triton
+from kernels._matmul_config import config_for
 from kernels.int4_matmul import int4_matmul
+
+GROUP = 128
+"""The int4 group of the 8B weights timed."""
 
 if triton is not None:
     from kernels._common import pdl_enter_after_wait
@@ -62,19 +66,27 @@ if triton is not None:
             tl.store(out_ptr + jp[None, :], y.to(dt), mask=(jp < N // 2)[None, :])
 
 
-def waves_gate_up(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, t: int, runs: bool) -> torch.Tensor:  # fmt: skip
-    """``silu_and_mul(x @ W.T)`` for one row of x, ``t`` tiles of 8 rows x 1,024 bytes a program over 2 warps.
+def waves_gate_up(
+    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int, t: int, runs: bool
+) -> torch.Tensor:
+    """``silu_and_mul(x @ W.T)`` for one row of x, ``t`` of the library's default tiles a program.
 
-    Capped at the library's 72 registers a thread (80 uncapped; ptxas: no spills), so that 14
-    programs fit a multiprocessor as the library's do and 1,792 programs make one wave.
+    The tile, step and warps are the launcher's own (``config_for``), which must be the plain half2
+    loop this kernel runs (no tile in flight, no ``ahead``, one run). Capped at the library's 72
+    registers a thread for that tile (80 uncapped; ptxas: no spills), so that 14 programs fit a
+    multiprocessor as the library's do and 1,792 programs make one wave.
     """
     n, k2 = packed.shape
+    cfg = config_for("int4", 1, n, 2 * k2, k2, group, x.device)
+    if cfg.prefetch or cfg.ahead or cfg.runs != 1 or cfg.split_k != 1:
+        raise ValueError(f"the default tile is not the plain half2 loop this probe runs: {cfg}")
     out = torch.empty((1, n // 2), dtype=x.dtype, device=x.device)
-    tiles = n // 2 // 4  # 4 [gate; up] pairs a tile of 8 rows
+    tiles = n // cfg.block_n  # each block_n / 2 [gate; up] pairs
     assert tiles % t == 0
     _waves_kernel[(tiles // t,)](
         x, packed, scales, zeros, out, n, k2, packed.stride(0), scales.stride(0),
-        G=128, BLOCK_N=8, BLOCK_K=1024, T=t, RUNS=runs, num_warps=2, maxnreg=72, **pdl_args(x),
+        G=group, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, T=t, RUNS=runs,
+        num_warps=cfg.num_warps, maxnreg=72, **pdl_args(x),
     )  # fmt: skip
     return out
 
@@ -85,7 +97,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default="")
     a = ap.parse_args()
-    dec = Decoder(SHAPES["llama3-8b"], "int4", 128)
+    dec = Decoder(SHAPES["llama3-8b"], "int4", GROUP)
     ws = [(w[0], w[1], w[2]) for w in (lay.gate_up.tensors for lay in dec.layers)]
     x = (torch.randn(1, 4096, device="cuda") * 0.5).to(torch.bfloat16)
     res: dict[str, object] = {
@@ -93,7 +105,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": "python -m bench.probe_int4_waves " + " ".join(f"--{k} {v}" for k, v in vars(a).items() if v),
     }
-    want = int4_matmul(x, *ws[0], 128, glu=True)
+    want = int4_matmul(x, *ws[0], GROUP, glu=True)
     variants: dict[str, tuple[int, bool] | None] = {"library": None}
     for t in (int(v) for v in a.tiles.split(",")):
         for runs in (False, True) if t > 1 else (False,):
@@ -101,7 +113,7 @@ def main() -> None:
     checks = {}
     for name, v in variants.items():
         if v is not None:
-            got = waves_gate_up(x, *ws[0], *v)
+            got = waves_gate_up(x, *ws[0], GROUP, *v)
             checks[name] = bool(torch.equal(got, want))
     print(f"bit-equal to the library: {checks}", flush=True)
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -111,9 +123,9 @@ def main() -> None:
             def run(v: tuple[int, bool] | None = v) -> None:
                 for w in ws:
                     if v is None:
-                        int4_matmul(x, *w, 128, glu=True)
+                        int4_matmul(x, *w, GROUP, glu=True)
                     else:
-                        waves_gate_up(x, *w, *v)
+                        waves_gate_up(x, *w, GROUP, *v)
 
             times[name].append(graph_time_ms(run, 3) * 1e3 / len(ws))
         print({k: [round(t, 2) for t in v] for k, v in times.items()}, flush=True)
