@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -52,7 +54,13 @@ def run_paged(model: LlamaForCausalLM, prompt: list[int], continuation: list[int
     return out
 
 
-def assert_matches_hf(model: LlamaForCausalLM, hf: Any, prompt: list[int], steps: int) -> None:
+Explain = Callable[[list[int], list[int], int, torch.Tensor, torch.Tensor], str]
+"""``(prompt, continuation, step, ours, ref) -> str``: more to say when a step's logits are off."""
+
+
+def assert_matches_hf(
+    model: LlamaForCausalLM, hf: Any, prompt: list[int], steps: int, explain: Explain | None = None
+) -> None:
     with torch.inference_mode():
         generated = hf.generate(
             torch.tensor([prompt]), max_new_tokens=steps, do_sample=False, pad_token_id=0, eos_token_id=None
@@ -63,7 +71,34 @@ def assert_matches_hf(model: LlamaForCausalLM, hf: Any, prompt: list[int], steps
     assert len(ours) == steps
     for i, logits in enumerate(ours):
         ref = ref_logits[len(prompt) - 1 + i]
-        assert rel_err(logits, ref) < REL_TOL, f"step {i}"
+        err = rel_err(logits, ref)
+        if err >= REL_TOL:
+            detail = explain(prompt, continuation[:-1], i, logits, ref) if explain else ""
+            pytest.fail(f"step {i}: relative error {err:.3g} against HF's logits (tolerance {REL_TOL}){detail}")
+
+
+def explain_with_fresh_model(loaded: Loaded) -> Explain:
+    """What a failure of the shared model's comparison needs said: does a fresh load of the same file agree?
+
+    NOTE(crossway): the SmolLM2 comparison failed once in CI (step 0 at 1.60e-4, where runs agree
+    to ~1.4e-6) and never again: not in one process over every other test file, with the shared
+    model's parameters, buffers and logits checked after each test. A fresh model that matches
+    HF points at the shared fixture's state; one that does not, at the process (its threads, its
+    torch settings), which this prints too.
+    """
+
+    def explain(prompt: list[int], continuation: list[int], step: int, ours: torch.Tensor, ref: torch.Tensor) -> str:
+        fresh = load_model(loaded.path, loaded.config, torch.float32, loaded.model.max_positions)
+        again = run_paged(fresh, prompt, continuation)[step]
+        threads = sorted(t.name for t in threading.enumerate())
+        return (
+            f"; a freshly loaded model: {rel_err(again, ref):.3g} against HF, {rel_err(ours, again):.3g} between"
+            f" the shared model and it; torch threads {torch.get_num_threads()}, default dtype"
+            f" {torch.get_default_dtype()}, fp32 matmul precision {torch.get_float32_matmul_precision()};"
+            f" live Python threads {threads}"
+        )
+
+    return explain
 
 
 TINY = {
@@ -118,7 +153,7 @@ def test_logits_match_hf_for_tiny_random_checkpoint(tmp_path: Path, kind: str) -
 @pytest.mark.slow
 def test_logits_match_hf_for_smollm2_gguf(smollm2: Loaded, hf_smollm2: Any) -> None:
     prompt = chat_ids(smollm2, "Tell me a short story about a robot.")
-    assert_matches_hf(smollm2.model, hf_smollm2, prompt, steps=8)
+    assert_matches_hf(smollm2.model, hf_smollm2, prompt, steps=8, explain=explain_with_fresh_model(smollm2))
 
 
 def test_unpermute_rope_rows_inverts_llama_cpp_permutation() -> None:
