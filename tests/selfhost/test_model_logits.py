@@ -73,7 +73,12 @@ def assert_matches_hf(
         ref = ref_logits[len(prompt) - 1 + i]
         err = rel_err(logits, ref)
         if err >= REL_TOL:
-            detail = explain(prompt, continuation[:-1], i, logits, ref) if explain else ""
+            detail = ""
+            if explain is not None:
+                try:
+                    detail = explain(prompt, continuation[:-1], i, logits, ref)
+                except Exception as exc:  # noqa: BLE001 (the comparison's failure is the one to report)
+                    detail = f"; explaining it failed: {exc!r}"
             pytest.fail(f"step {i}: relative error {err:.3g} against HF's logits (tolerance {REL_TOL}){detail}")
 
 
