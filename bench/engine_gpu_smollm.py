@@ -296,6 +296,31 @@ def ttft_profile(engine: LLMEngine, prompt_len: int) -> dict[str, Any]:
     }
 
 
+RUNNING_PROMPT = 64
+"""Prompt tokens of each running request in ``chunked_itl``."""
+
+
+def chunked_window(budget: int, running: int, long_len: int, arrivals: int, every: int) -> int:
+    """Most steps a mixed window of ``chunked_itl`` runs: its arrivals, then twice the steps its long prompts need."""
+    chunk = max(1, budget - running)  # prompt tokens a step beside the running requests' decodes
+    return max(arrivals * every + every, 2 * -(-arrivals * long_len // chunk))
+
+
+def chunked_pool_blocks(
+    budget: int, running: int, long_len: int, arrivals: int, every: int, steps: int, block_size: int, rounds: int = 3
+) -> int:
+    """KV blocks that hold every running request's context to ``chunked_itl``'s end and one round's long prompts.
+
+    NOTE(crossway): the running requests decode through every window, so their contexts grow by
+    a steady and a mixed window a round. On the 8B shape the bench's 10 GiB pool (81,920 tokens)
+    ran out in the third round at a 256-token budget, and the long prompts were preempted, admitted
+    and preempted again for 15,000 steps (2026-11-28): the bench measures chunking, so its pool fits.
+    """
+    window = chunked_window(budget, running, long_len, arrivals, every)
+    tokens = running * (RUNNING_PROMPT + 5 + rounds * (steps + window)) + arrivals * long_len
+    return -(-tokens // block_size) + running + arrivals  # a partial last block each
+
+
 def chunked_itl(
     engine: LLMEngine, running: int, long_len: int, arrivals: int, every: int, steps: int, rounds: int = 3
 ) -> dict[str, Any]:
@@ -306,11 +331,16 @@ def chunked_itl(
     On the GPU machines the steady median moved between ~1.25 and ~2.0-2.4 ms from one window to
     the next in runs of the same code (2026-11-26), so each mixed window is judged against the
     steady window just before it (``round_ratios``; ``ratio`` is the worst of them), beside the
-    pooled figures.
+    pooled figures. A mixed window lasts until its long prompts have all run (at most
+    ``chunked_window`` steps; ``prompts_finished`` says whether they did): beside 128 decodes a
+    256-token budget leaves 128 prompt tokens a step, so two 7,680-token prompts take 120 steps,
+    and a window of ``arrivals * every + every`` steps left their chunks to the next steady window
+    (timed as steady steps on the 8B shape, 2026-11-28). The engine's pool should hold
+    ``chunked_pool_blocks``.
     """
     params = SamplingParams(max_tokens=engine.max_model_len - 64, temperature=0.0, ignore_eos=True)
     for i in range(running):
-        engine.add_request(f"run{i}", [200 + (i * 13 + j) % 30000 for j in range(64)], params)
+        engine.add_request(f"run{i}", [200 + (i * 13 + j) % 30000 for j in range(RUNNING_PROMPT)], params)
     while not prefills_done(engine):
         engine.step()
 
@@ -337,6 +367,9 @@ def chunked_itl(
     steady: list[float] = []
     mixed: list[float] = []
     round_ratios: list[float] = []
+    mixed_steps: list[int] = []
+    finished: list[bool] = []
+    window = chunked_window(engine.config.max_num_batched_tokens, running, long_len, arrivals, every)
     for r in range(rounds):
         steady_r = timed_steps(steps)
         # built beforehand: a client's list, not the engine's work
@@ -349,8 +382,15 @@ def chunked_itl(
             if s in prompts:
                 engine.add_request(f"long{r}-{s}", prompts[s], long_params)
 
+        def prompts_left(r: int = r) -> bool:
+            return any(request_id.startswith(f"long{r}-") for request_id in engine.scheduler.requests)
+
         mixed_r = timed_steps(arrivals * every + every, arrive)
+        while prompts_left() and len(mixed_r) < window:
+            mixed_r += timed_steps(1)
+        finished.append(not prompts_left())
         round_ratios.append(p99(mixed_r) / statistics.median(steady_r))
+        mixed_steps.append(len(mixed_r))
         steady += steady_r
         mixed += mixed_r
     engine.abort([f"run{i}" for i in range(running)])
@@ -362,6 +402,9 @@ def chunked_itl(
         "budget": engine.config.max_num_batched_tokens,
         "ratio": max(round_ratios),
         "round_ratios": round_ratios,
+        "mixed_steps": mixed_steps,
+        "prompts_finished": finished,
+        "kv_blocks": engine.kv.pool.num_blocks,
         "steady_step_ms": statistics.median(steady),
         "itl_p99_ms": p99(mixed),
         "pooled_ratio": p99(mixed) / statistics.median(steady),
@@ -531,19 +574,25 @@ def main() -> None:
         run("ttft_4k_profile", lambda: ttft_profile(engine(), 128 if smoke else 4096))
     if want("chunked"):
         # the step budget sets the chunk: 512 tokens (384 of prompt beside 128 decodes), and 256
+        running, long_len, every, steps = (4, 200, 4, 5) if smoke else (128, 7680, 20, 50)
         for name, budget in (("chunked_itl", 512), ("chunked_itl_256", 256)):
+            b = budget // 8 if smoke else budget
+            blocks = chunked_pool_blocks(b, running, long_len, 2, every, steps, base.block_size)
             run(
                 name,
                 partial(
-                    lambda b: chunked_itl(
-                        engine("none", max_num_batched_tokens=b // 8 if smoke else b, max_num_seqs=8 if smoke else 160),
-                        running=4 if smoke else 128,
-                        long_len=200 if smoke else 7680,
+                    lambda b, blocks: chunked_itl(
+                        engine(
+                            "none", max_num_batched_tokens=b, max_num_seqs=8 if smoke else 160, num_kv_blocks=blocks
+                        ),
+                        running=running,
+                        long_len=long_len,
                         arrivals=2,
-                        every=4 if smoke else 20,
-                        steps=5 if smoke else 50,
+                        every=every,
+                        steps=steps,
                     ),
-                    budget,
+                    b,
+                    blocks,
                 ),
             )
     if want("quality"):
