@@ -298,6 +298,8 @@ def ttft_profile(engine: LLMEngine, prompt_len: int) -> dict[str, Any]:
 
 RUNNING_PROMPT = 64
 """Prompt tokens of each running request in ``chunked_itl``."""
+WARMUP_STEPS = 5
+"""Untimed all-decode steps ``chunked_itl`` runs before its first round."""
 
 
 def chunked_window(budget: int, running: int, long_len: int, arrivals: int, every: int) -> int:
@@ -317,7 +319,7 @@ def chunked_pool_blocks(
     and preempted again for 15,000 steps (2026-11-28): the bench measures chunking, so its pool fits.
     """
     window = chunked_window(budget, running, long_len, arrivals, every)
-    tokens = running * (RUNNING_PROMPT + 5 + rounds * (steps + window)) + arrivals * long_len
+    tokens = running * (RUNNING_PROMPT + WARMUP_STEPS + rounds * (steps + window)) + arrivals * long_len
     return -(-tokens // block_size) + running + arrivals  # a partial last block each
 
 
@@ -338,7 +340,7 @@ def chunked_itl(
     (timed as steady steps on the 8B shape, 2026-11-28). The engine's pool should hold
     ``chunked_pool_blocks``.
     """
-    params = SamplingParams(max_tokens=engine.max_model_len - 64, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=engine.max_model_len - RUNNING_PROMPT, temperature=0.0, ignore_eos=True)
     for i in range(running):
         engine.add_request(f"run{i}", [200 + (i * 13 + j) % 30000 for j in range(RUNNING_PROMPT)], params)
     while not prefills_done(engine):
@@ -363,7 +365,7 @@ def chunked_itl(
 
     long_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     vocab = engine.model_config.vocab_size
-    timed_steps(5)
+    timed_steps(WARMUP_STEPS)
     steady: list[float] = []
     mixed: list[float] = []
     round_ratios: list[float] = []
@@ -574,10 +576,10 @@ def main() -> None:
         run("ttft_4k_profile", lambda: ttft_profile(engine(), 128 if smoke else 4096))
     if want("chunked"):
         # the step budget sets the chunk: 512 tokens (384 of prompt beside 128 decodes), and 256
-        running, long_len, every, steps = (4, 200, 4, 5) if smoke else (128, 7680, 20, 50)
+        running, long_len, arrivals, every, steps = (4, 200, 2, 4, 5) if smoke else (128, 7680, 2, 20, 50)
         for name, budget in (("chunked_itl", 512), ("chunked_itl_256", 256)):
             b = budget // 8 if smoke else budget
-            blocks = chunked_pool_blocks(b, running, long_len, 2, every, steps, base.block_size)
+            blocks = chunked_pool_blocks(b, running, long_len, arrivals, every, steps, base.block_size)
             run(
                 name,
                 partial(
@@ -587,7 +589,7 @@ def main() -> None:
                         ),
                         running=running,
                         long_len=long_len,
-                        arrivals=2,
+                        arrivals=arrivals,
                         every=every,
                         steps=steps,
                     ),
