@@ -340,6 +340,7 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="kernel times of one batch-1 step per format")
     p.add_argument("--torch-argmax", action="store_true", help="greedy picks by torch.argmax (the baseline)")
     p.add_argument("--no-pdl", action="store_true", help="launch the kernels without programmatic dependent launch")
+    p.add_argument("--no-pairs", action="store_true", help="int4 GEMVs load x themselves, not as pairs")
     p.add_argument(
         "--no-tune",
         action="store_true",
@@ -358,6 +359,7 @@ def main() -> None:
         "steps": a.steps,
         "group_size": a.group,
         "pdl": not a.no_pdl,
+        "x_pairs": not a.no_pairs,
         "tuned": not a.no_tune,
         "argmax": "torch" if a.torch_argmax else "kernels.argmax",
         "date": time.strftime("%Y-%m-%d"),
@@ -376,6 +378,7 @@ def main() -> None:
         t0 = time.perf_counter()
         dec = Decoder(shape, mode, a.group)
         dec.torch_argmax = a.torch_argmax
+        dec.pairs = frozenset() if a.no_pairs else dec.pairs
         wbytes = dec.linear_bytes()
         print(
             f"{mode}: weights built in {time.perf_counter() - t0:.1f} s, {wbytes / 1e9:.2f} GB of linears", flush=True

@@ -22,7 +22,8 @@ from kernels._matmul_config import Config, config_for
 from kernels._matmul_launch import finish_unfused
 from kernels.argmax import argmax
 from kernels.dense_gemv import MODEL_ROWS, dense_gemv
-from kernels.int4_matmul import int4_matmul
+from kernels.int4_gemv import XPairs
+from kernels.int4_matmul import int4_matmul, takes_pairs
 from kernels.paged_attention import paged_decode_attention
 from kernels.quant_matmul import int8_matmul
 from kernels.rmsnorm import rms_norm_residual
@@ -115,7 +116,15 @@ class QLinear:
             KERNEL_KIND[self.mode], m, self.n, self.k, self.k_iter, self.scale_group, self.tensors[0].device
         )
 
-    def __call__(self, x: torch.Tensor, glu: bool = False, rope: RopeKV | None = None) -> torch.Tensor:
+    def x_pairs(self, x: torch.Tensor) -> XPairs | None:
+        """Room for ``x`` as this weight's int4 GEMV reads it (``kernels.int4_gemv.XPairs``), or None where it reads x."""
+        if self.mode != "int4" or not takes_pairs(x.shape[0], self.tensors[0], self.group, x.dtype):
+            return None
+        return XPairs.empty(x.shape[0], self.k, self.group, x.device)
+
+    def __call__(
+        self, x: torch.Tensor, glu: bool = False, rope: RopeKV | None = None, pairs: XPairs | None = None
+    ) -> torch.Tensor:
         """``(M, K) -> (M, N)``; with ``glu`` or ``rope``, that epilogue's output (``selfhost.models.linear``)."""
         if self.mode == "bf16" and x.shape[0] <= MODEL_ROWS:
             return dense_gemv(x, self.tensors[0], glu=glu, rope=rope)
@@ -123,7 +132,13 @@ class QLinear:
             return finish_unfused(F.linear(x, self.tensors[0]), glu, rope)
         if self.mode == "int8":
             return int8_matmul(x, self.tensors[0], self.tensors[1], glu=glu, rope=rope)
-        return int4_matmul(x, self.tensors[0], self.tensors[1], self.tensors[2], self.group, glu=glu, rope=rope)
+        w, s, z = self.tensors
+        return int4_matmul(x, w, s, z, self.group, glu=glu, rope=rope, pairs=pairs)
+
+
+PAIRED = frozenset(("qkv", "gate_up", "lm_head"))
+"""The GEMVs whose input a norm writes, which can write it as pairs too (o's comes from the decode
+attention, down's from gate_up's tiles)."""
 
 
 class Decoder:
@@ -162,6 +177,9 @@ class Decoder:
         self.skip: frozenset[str] = frozenset()
         """Work left out of the step (``"norm"``: the norms' launches, ``"rope"``: the qkv GEMV's rotary
         and KV write): timing bounds of a fusion only, the ids are then meaningless."""
+        self.pairs: frozenset[str] = PAIRED
+        """The int4 GEMVs (``layer_groups``' names) that read x as pairs (``kernels.int4_gemv.XPairs``)
+        written by the norm before them, as the engine does."""
 
     def linear_bytes(self) -> int:
         """Bytes of all linear weights (the LM head included): what one decode step must read."""
@@ -182,23 +200,30 @@ class Decoder:
         res: torch.Tensor | None = None
         norm = "norm" not in self.skip
         for layer, (kc, vc) in zip(self.layers, st.kv, strict=True):
-            h, res = rms_norm_residual(x, res, layer.attn_norm, s.eps) if norm else (x, x)
+            xp = self._pairs("qkv", layer.qkv, x, norm)
+            h, res = rms_norm_residual(x, res, layer.attn_norm, s.eps, pairs=xp) if norm else (x, x)
             if "rope" in self.skip:
-                qv = layer.qkv(h)[:, :q_size].view(b, s.heads, s.head_dim)
+                qv = layer.qkv(h, pairs=xp)[:, :q_size].view(b, s.heads, s.head_dim)
             else:
                 rope = RopeKV(st.positions, self.cos, self.sin, kc, vc, st.slots)
-                qv = layer.qkv(h, rope=rope).view(b, s.heads, s.head_dim)  # the new keys, values in the caches
+                qv = layer.qkv(h, rope=rope, pairs=xp).view(b, s.heads, s.head_dim)  # new keys, values in the caches
             o = paged_decode_attention(qv, kc, vc, st.tables, st.lens, s.head_dim**-0.5)  # (b, nh, hd)
             x = layer.o(o.view(b, q_size))
-            h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps) if norm else (x, x)
-            x = layer.down(layer.gate_up(h, glu=True))  # the matmuls apply SiLU-and-mul as they write
-        h = rms_norm_residual(x, res, self.norm, s.eps)[0] if norm else x
-        logits = self.lm_head(h)  # (b, V)
+            xp = self._pairs("gate_up", layer.gate_up, x, norm)
+            h, res = rms_norm_residual(x, res, layer.mlp_norm, s.eps, pairs=xp) if norm else (x, x)
+            x = layer.down(layer.gate_up(h, glu=True, pairs=xp))  # the matmuls apply SiLU-and-mul as they write
+        xp = self._pairs("lm_head", self.lm_head, x, norm)
+        h = rms_norm_residual(x, res, self.norm, s.eps, pairs=xp)[0] if norm else x
+        logits = self.lm_head(h, pairs=xp)  # (b, V)
         if self.torch_argmax:
             st.ids.copy_(logits.argmax(-1))
         else:
             argmax(logits, out=st.ids)
         st.advance()
+
+    def _pairs(self, name: str, linear: QLinear, x: torch.Tensor, producer: bool) -> XPairs | None:
+        """``linear.x_pairs`` if ``name`` takes pairs and the norm before it (``producer``) runs."""
+        return linear.x_pairs(x) if name in self.pairs and producer else None
 
 
 class DecodeState:

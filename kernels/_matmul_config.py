@@ -46,6 +46,9 @@ class Config:
     runs: int = 1
     """int4 half2 GEMV: each thread holds this many runs of a group's words, so the group's sums
     take fewer cross-thread steps (``kernels.int4_gemv._word_cols``); 1 keeps the plain tile."""
+    pairs_registers: int = 0
+    """int4 half2 GEMV reading x as pairs (``kernels.int4_gemv.XPairs``): registers a thread the
+    compiler may use (Triton's ``maxnreg``); 0: its own choice."""
 
 
 _CONFIGS: dict[tuple[str, int, int, int], Config] = {}
@@ -102,7 +105,7 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
 
     Needs no device, so the sm_90 build check (``tests/kernels/sm90_build.py``) compiles the tiles launched.
     """
-    warps, prefetch, ahead, runs = 4, False, False, 1
+    warps, prefetch, ahead, runs, pairs_registers = 4, False, False, 1, 0
     split: int | None = None  # set where tuning chose it; else the rule below
     if _gemv_default(kind, m, n, k_iter_cols):
         if interp:
@@ -165,7 +168,11 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             # NOTE(h7): the half2 int4 GEMV over the 8B gate_up and LM head on the H100: 8 rows x 1,024
             # bytes over 2 warps, 25.3 and 103.3 us; the fp32 FMA loop's best tiles of up to 512 bytes
             # took 27.4 and 104.7 (it was not timed at 1,024); a tile in flight, 26.1 and 104.8 at best
-            bn, bk, warps = 8, 1024, 2
+            # NOTE(h7): x as pairs (kernels.int4_gemv.XPairs) leaves the loop 56 registers a thread
+            # where x's own loads took 72, and uncapped it ran slower than with x's loads (H200,
+            # 2026-11-28: gate_up 24.0 against 23.3 us); held to 72 it ran 18.0, the LM head 72
+            # against 98 (bench/probe_int4_xpack.py). x's own loads spill under that cap
+            bn, bk, warps, pairs_registers = 8, 1024, 2, 72
         elif n * k_iter_cols > 1 << 22:
             # NOTE(h7): the int4 GEMV over SmolLM2's LM head (49,152 x 576, GGUF's group of 32) on the
             # H100 at batch 1: 16 rows x 128 bytes over 1 warp, 13.2 us, where 32 rows over 4 warps
@@ -197,4 +204,6 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
     # NOTE(h7): the first weight tile before the PDL wait took 0.6-2.6 us off each dense and int8
     # GEMV of the 8B shapes on the H100; the int4 fp32 loop's larger shapes lost up to 15 us to it
     # (its registers doubled), so int4 sets it only where it was measured (the half2 loop, above)
-    return Config(path, bn, bk, split, num_warps=warps, prefetch=prefetch, ahead=ahead, runs=runs)
+    return Config(
+        path, bn, bk, split, num_warps=warps, prefetch=prefetch, ahead=ahead, runs=runs, pairs_registers=pairs_registers
+    )

@@ -5,13 +5,17 @@ On fp32 FMAs (``_int4_gemv_step``: fp32 activations, the interpreter, short rows
 FMAs (``_int4_h2_step``: compiled kernels, bf16 or fp16 activations, rows of ``HALF2_MIN_BYTES``
 and more, tiles ``takes_half2`` lets in; with ``Config.runs``, several runs of a group a thread,
 ``_word_cols``). Both read the ``reference.quantize_int4`` layout and return the step's per-group
-sums. Owns those steps and the rule that picks one; does not own the kernel, its tiles
-(``kernels._matmul_config``) nor its launch (``kernels.int4_matmul``).
+sums. Owns those steps and the rule that picks one, and the layout in which a kernel before the
+GEMV can hand it x already as the half2 loop's pairs (``XPairs``); does not own the kernel, its
+tiles (``kernels._matmul_config``) nor its launch (``kernels.int4_matmul``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import torch
 
 from kernels._common import tl, triton
 
@@ -31,6 +35,36 @@ loop was not timed at. On SmolLM2's rows (K 576 and 1,536, GGUF's group of 32) i
 7.47 against 7.31 us a layer over its four GEMVs at their best tiles
 (``bench/probe_int4_loops.py``), each step building its x pairs for fewer weights.
 """
+
+
+@dataclass(frozen=True, slots=True)
+class XPairs:
+    """An ``(M, K)`` activation as the half2 loop reads it, written by the kernel that makes x (``kernels.rmsnorm``).
+
+    The layout is ``kernels.reference.x_pairs``': ``pa`` and ``pb`` hold each word's four columns of x
+    as two fp16 pairs, ``sums`` x's sums per group of ``group_size`` columns; kernels write it with
+    ``_write_pairs``. The GEMV loads them at
+    its own word columns, in the weights' register layout, where from plain x it loads 2-byte
+    columns, builds the pairs and sums and moves them into that layout through shared memory every
+    step. NOTE(h7): on the H200, the 8B shapes at batch 1 with their default tiles (``bench/
+    probe_int4_xpack.py``, 2026-11-28): gate_up 23.3 -> 18.0 us (at most 72 registers a thread), qkv
+    6.3 -> 5.4, LM head 98 -> 72; bit-equal outputs where the group sums add up alike.
+    """
+
+    pa: torch.Tensor
+    """(M, K/4) int32: ``(x[4q], x[4q+2]) * s``, fp16 each (s: 1/4 in the low half of K, 1/64 in the high)."""
+    pb: torch.Tensor
+    """(M, K/4) int32: ``(x[4q+1], x[4q+3]) * s``."""
+    sums: torch.Tensor
+    """(M, K/G) fp32."""
+    group_size: int
+
+    @staticmethod
+    def empty(m: int, k: int, group_size: int, device: torch.device) -> XPairs:
+        """Room for ``m`` rows of ``k`` columns, for a kernel to fill."""
+        pa = torch.empty((m, k // 4), dtype=torch.int32, device=device)
+        sums = torch.empty((m, k // group_size), dtype=torch.float32, device=device)
+        return XPairs(pa, torch.empty_like(pa), sums, group_size)
 
 
 def takes_half2(cfg: Config, row_bytes: int, weight_ptr: int) -> bool:
@@ -293,6 +327,33 @@ if triton is not None:
         return s_lo, z_lo, s_hi, z_hi
 
     @triton.jit
+    def _write_pairs(y, row, C, pa_ptr, pb_ptr, xs_ptr, G: tl.constexpr):
+        """Write row ``row`` of an ``XPairs`` over ``C`` columns (``reference.x_pairs``) from its values ``y``.
+
+        ``y``: ``(BLOCK,)`` fp32, as rounded to x's dtype, zeros past ``C``; ``C`` a multiple of ``2 G``.
+        """
+        BLOCK: tl.constexpr = y.shape[0]
+        Q: tl.constexpr = BLOCK // 4
+        c02, c13 = tl.split(tl.reshape(y, (Q, 2, 2)))  # (Q, 2) each: columns 4q + 2i + j, j = 0 or 1
+        x0, x2 = tl.split(c02)  # (Q,) each
+        x1, x3 = tl.split(c13)
+        q = tl.arange(0, Q)
+        scale = tl.where(q < C // 8, 0.25, 0.25 / 16.0)  # the high half of K: 1/64 (_h2_dot's 16 q)
+        qmask = q < C // 4
+        tl.store(pa_ptr + row * (C // 4) + q, _fp16_pair(x0 * scale, x2 * scale), mask=qmask)
+        tl.store(pb_ptr + row * (C // 4) + q, _fp16_pair(x1 * scale, x3 * scale), mask=qmask)
+        sums = tl.sum(tl.reshape(y, (BLOCK // G, G)), axis=1)  # (BLOCK / G,)
+        g = tl.arange(0, BLOCK // G)
+        tl.store(xs_ptr + row * (C // G) + g, sums, mask=g < C // G)
+
+    @triton.jit
+    def _fp16_pair(first, second):
+        """Two fp32 tensors as fp16 pairs in int32: ``first`` in the low 16 bits."""
+        a = first.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        b = second.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+        return a | (b << 16)
+
+    @triton.jit
     def _byte_tile(w_ptrs, k0, K2, nmask, BLOCK_K: tl.constexpr):
         """The ``(BLOCK_N, BLOCK_K)`` packed bytes of the fp32 loop's tile at byte ``k0``; ``w_ptrs`` the rows' ``(BLOCK_N, 1)`` pointers."""
         rk = k0 + tl.arange(0, BLOCK_K)
@@ -346,6 +407,18 @@ if triton is not None:
         """
         xa, xb, xs_lo = _half_pairs(a0, a1, a2, a3, 0.25)
         xc, xd, xs_hi = _half_pairs(b0, b1, b2, b3, 0.25 / 16.0)
+        t_lo, t_hi = _pair_products(wq, xa, xb, xc, xd, G, R)
+        NG: tl.constexpr = xa.shape[0] * 4 // G  # groups per step and half
+        xs_lo = tl.sum(tl.reshape(xs_lo, (NG, G // 4)), axis=1)[None, :]  # (1, NG)
+        xs_hi = tl.sum(tl.reshape(xs_hi, (NG, G // 4)), axis=1)[None, :]
+        return t_lo, t_hi, xs_lo, xs_hi
+
+    @triton.jit
+    def _pair_products(wq, xa, xb, xc, xd, G: tl.constexpr, R: tl.constexpr):
+        """Per row and group of a step, ``sum((q - 8) x / 4)`` of each half: ``(t_lo, t_hi)``, each ``(BLOCK_N, NG)``.
+
+        ``xa .. xd``: the step's x pairs (``_half_pairs``, or an ``XPairs``' words), ``(BLOCK_W,)``.
+        """
         BLOCK_W: tl.constexpr = xa.shape[0]
         NG: tl.constexpr = BLOCK_W * 4 // G  # groups per step and half
         if R == 1:
@@ -367,9 +440,28 @@ if triton is not None:
             # the half2 lanes and the runs (in-thread) first: (BLOCK_N, NG)
             t_lo = tl.sum(tl.sum(tl.sum(lo, axis=4), axis=2), axis=2)
             t_hi = tl.sum(tl.sum(tl.sum(hi, axis=4), axis=2), axis=2)
-        xs_lo = tl.sum(tl.reshape(xs_lo, (NG, G // 4)), axis=1)[None, :]  # (1, NG)
-        xs_hi = tl.sum(tl.reshape(xs_hi, (NG, G // 4)), axis=1)[None, :]
-        return t_lo, t_hi, xs_lo, xs_hi
+        return t_lo, t_hi
+
+    @triton.jit
+    def _pair_words(pa_row, pb_row, sums_row, k0, k_end, K2, BLOCK_W: tl.constexpr, G: tl.constexpr):
+        """An ``XPairs`` row's x for the step at byte ``k0``: ``(xa, xb, xc, xd)``, ``(BLOCK_W,)`` each, and ``(1, NG)`` sums of each half.
+
+        Contiguous int32 loads at the step's word columns: their layout is the weight tile's columns',
+        so the products take them as they are. Zeros for a step at or past ``k_end``.
+        """
+        KW = K2 // 4  # words of each half
+        rc = k0 // 4 + tl.arange(0, BLOCK_W)
+        cmask = (rc < KW) & (k0 < k_end)
+        xa = tl.load(pa_row + rc, mask=cmask, other=0)
+        xb = tl.load(pb_row + rc, mask=cmask, other=0)
+        xc = tl.load(pa_row + KW + rc, mask=cmask, other=0)
+        xd = tl.load(pb_row + KW + rc, mask=cmask, other=0)
+        NG: tl.constexpr = BLOCK_W * 4 // G
+        rg = k0 // G + tl.arange(0, NG)
+        gmask = (rg < K2 // G) & (k0 < k_end)
+        xs_lo = tl.load(sums_row + rg, mask=gmask, other=0.0)
+        xs_hi = tl.load(sums_row + K2 // G + rg, mask=gmask, other=0.0)
+        return xa, xb, xc, xd, xs_lo[None, :], xs_hi[None, :]
 
     @triton.jit
     def _h2_fold(acc2, t_lo, t_hi, xs_lo, xs_hi, s_lo, z_lo, s_hi, z_hi):

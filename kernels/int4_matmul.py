@@ -4,7 +4,8 @@
 The int8 formats' kernel (``kernels.quant_matmul``) has the same two paths: a GEMV for few rows
 (decode), whose inner loop is ``kernels.int4_gemv``'s (fp32 or half2 FMAs), and a tiled path
 that dequantizes a tile into ``tl.dot``. Both split K when the grid would not fill the GPU and
-take the same epilogues (``glu``, ``rope``; ``kernels._matmul_launch``). Group 32 is what GGUF
+take the same epilogues (``glu``, ``rope``; ``kernels._matmul_launch``). The half2 GEMV can read x
+as the pairs a kernel before it wrote (``int4_gemv.XPairs``, ``takes_pairs``). Group 32 is what GGUF
 Q4_1 blocks repack into (``kernels.gguf_blocks``). The layout and the semantics are
 ``kernels.reference``'s (``quantize_int4``, ``int4_matmul``); the launcher falls back to those
 where no kernel can run. Launch configs live in ``kernels._matmul_config``. Does not own which
@@ -23,9 +24,10 @@ from kernels._matmul_config import Config, config_for
 from kernels._matmul_launch import check_epilogue, check_group, check_step, check_x, finish_unfused, launch
 
 if TYPE_CHECKING:
+    from kernels.int4_gemv import XPairs
     from kernels.rope_kv import RopeKV
 
-__all__ = ["int4_matmul"]
+__all__ = ["int4_matmul", "takes_pairs"]
 
 if triton is not None:
     from kernels._common import pdl_enter_after_wait
@@ -37,6 +39,8 @@ if triton is not None:
         _h2_sums,
         _int4_gemv_step,
         _int4_h2_step,
+        _pair_products,
+        _pair_words,
         _word_tile,
         _x_quads,
     )
@@ -48,6 +52,9 @@ if triton is not None:
         w_ptr,  # (N, K/2) uint8: column j low nibble, column j + K/2 high nibble
         s_ptr,  # (N, K/G) scales
         z_ptr,  # (N, K/G) zeros: w = (q - 8) * scale + zero
+        pa_ptr,  # XP: x as int4_gemv.XPairs, (M, K/4) int32 (unused without XP)
+        pb_ptr,  # (M, K/4) int32
+        xs_ptr,  # (M, K/G) fp32 group sums
         out_ptr,  # (M, N) output; (M, N / 2) with GLU, (M, QN) with ROPE
         part_ptr,  # (NSPLIT, M, N) fp32 split-K partials (unused without split-K)
         cnt_ptr,  # per-tile arrival counters, zero between launches
@@ -84,6 +91,7 @@ if triton is not None:
         AHEAD: tl.constexpr = False,  # half2 GEMV: scales and x a step ahead (Config.ahead)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
         R: tl.constexpr = 1,  # half2 GEMV: runs of a group a thread holds (kernels.int4_gemv._word_cols)
+        XP: tl.constexpr = False,  # half2 GEMV: x from pa, pb, xs (int4_gemv.XPairs) instead of x_ptr
     ):
         rm, mmask, rn, nmask = _program_tile(M, N, BLOCK_M, BLOCK_N, GEMV, GLU, ROPE)
         pos, slot = _rope_rows(pos_ptr, slot_ptr, rm, mmask, ROPE)  # before the PDL wait
@@ -106,6 +114,9 @@ if triton is not None:
                 # the step's gain is in kernels._matmul_config's int4 NOTE
                 w32 = w_ptr.to(tl.pointer_type(tl.int32)) + rn[:, None] * (sw_n // 4)
                 BLOCK_W: tl.constexpr = BLOCK_K // 4
+                pa_row = pa_ptr + tl.program_id(0) * (K2 // 2)  # XP: this row's words and sums
+                pb_row = pb_ptr + tl.program_id(0) * (K2 // 2)
+                xs_row = xs_ptr + tl.program_id(0) * (2 * K2 // G)
                 # weights and scales are no kernel's output: the first step's load before the wait
                 if PREFETCH:
                     wq = _word_tile(w32, k_lo, k_end, K2, nmask, BLOCK_K, G // 4, R)
@@ -113,15 +124,32 @@ if triton is not None:
                     s0, z0, s1, z1 = _group_scales(s_ptr, z_ptr, rn, ss_n, k_lo, nmask, K2, NG, G)
                 pdl_enter_after_wait(PDL)
                 if AHEAD:
-                    a0, a1, a2, a3 = _x_quads(x_row, k_lo, k_end, K2, BLOCK_W)
-                    b0, b1, b2, b3 = _x_quads(x_row + K2, k_lo, k_end, K2, BLOCK_W)
+                    if XP:
+                        xa, xb, xc, xd, xl, xh = _pair_words(pa_row, pb_row, xs_row, k_lo, k_end, K2, BLOCK_W, G)
+                    else:
+                        a0, a1, a2, a3 = _x_quads(x_row, k_lo, k_end, K2, BLOCK_W)
+                        b0, b1, b2, b3 = _x_quads(x_row + K2, k_lo, k_end, K2, BLOCK_W)
                 for k0 in range(k_lo, k_end, BLOCK_K):
                     if PREFETCH:
                         cw = wq
                         wq = _word_tile(w32, k0 + BLOCK_K, k_end, K2, nmask, BLOCK_K, G // 4, R)
                     else:
                         cw = _word_tile(w32, k0, k_end, K2, nmask, BLOCK_K, G // 4, R)
-                    if AHEAD:  # this step's scales and x were loaded a step ago; load the next step's
+                    if XP:  # x's words and sums as loaded (int4_gemv.XPairs), a step ahead with AHEAD
+                        if AHEAD:
+                            cs0, cz0, cs1, cz1 = s0, z0, s1, z1
+                            ca, cb, cc, cd, cl, ch = xa, xb, xc, xd, xl, xh
+                            nxt = k0 + BLOCK_K
+                            s0, z0, s1, z1 = _group_scales(
+                                s_ptr, z_ptr, rn, ss_n, nxt, nmask & (nxt < k_end), K2, NG, G
+                            )
+                            xa, xb, xc, xd, xl, xh = _pair_words(pa_row, pb_row, xs_row, nxt, k_end, K2, BLOCK_W, G)
+                        else:
+                            ca, cb, cc, cd, cl, ch = _pair_words(pa_row, pb_row, xs_row, k0, k_end, K2, BLOCK_W, G)
+                            cs0, cz0, cs1, cz1 = _group_scales(s_ptr, z_ptr, rn, ss_n, k0, nmask, K2, NG, G)
+                        t_lo, t_hi = _pair_products(cw, ca, cb, cc, cd, G, R)
+                        acc2 = _h2_fold(acc2, t_lo, t_hi, cl, ch, cs0, cz0, cs1, cz1)
+                    elif AHEAD:  # this step's scales and x were loaded a step ago; load the next step's
                         cs0, cz0, cs1, cz1 = s0, z0, s1, z1
                         ca0, ca1, ca2, ca3, cb0, cb1, cb2, cb3 = a0, a1, a2, a3, b0, b1, b2, b3
                         nxt = k0 + BLOCK_K
@@ -193,13 +221,15 @@ def int4_matmul(
     *,
     glu: bool = False,
     rope: RopeKV | None = None,
+    pairs: XPairs | None = None,
 ) -> torch.Tensor:
     """``(M, K) @ W.T -> (M, N)`` with a group-wise int4 weight in the ``reference.quantize_int4`` layout.
 
     Scales and zeros may be any float dtype (bf16 from ``quantize_int4``; fp16 scales and fp32
     zeros from GGUF Q4_1 blocks). With ``glu``, W is ``[gate; up]`` and the result
     ``silu_and_mul(x @ W.T)``, ``(M, N/2)``; with ``rope``, W is ``[q; k; v]`` and the result the
-    rotated queries (``RopeKV``).
+    rotated queries (``RopeKV``). ``pairs``: x once more, as ``int4_gemv.XPairs`` (same values), which
+    the half2 GEMV reads instead of x (``takes_pairs``); other paths read x.
 
     Raises:
         ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
@@ -216,6 +246,14 @@ def int4_matmul(
         f"scales and zeros must be ({n}, {k // group_size})",
     )
     check_epilogue(n, glu, rope)
+    if pairs is not None:
+        m = x.shape[0]
+        check(
+            pairs.pa.shape == pairs.pb.shape == (m, k // 4)
+            and pairs.sums.shape == (m, k // group_size)
+            and pairs.group_size == group_size,
+            f"pairs must be ({m}, {k // 4}) words and ({m}, {k // group_size}) sums of group {group_size}",
+        )
     if not can_launch(x, packed, scales, zeros):
         return finish_unfused(reference.int4_matmul(x, packed, scales, zeros, group_size), glu, rope)
     check_last_contiguous("x", x)
@@ -231,10 +269,23 @@ def int4_matmul(
     exact = x.dtype == torch.float32
     asm = x.is_cuda and not interpreting()
     h2 = asm and not exact and int4_gemv.takes_half2(cfg, k2, packed.data_ptr())
-    tensors = (packed, scales, zeros)
+    xp = h2 and pairs is not None
+    # without pairs the kernel never reads its pairs' arguments: any pointer stands in
+    words = (pairs.pa, pairs.pb, pairs.sums) if xp and pairs is not None else (packed, packed, packed)
+    tensors = (packed, scales, zeros, *words)
     ahead = h2 and cfg.ahead
     runs = cfg.runs if h2 else 1
+    cap = {"maxnreg": cfg.pairs_registers} if xp and cfg.pairs_registers else {}
     return launch(
         _int4_kernel, x, n, k2, cfg, tensors, strides, glu, rope,
-        G=group_size, EXACT=exact, ASM=asm, H2=h2, AHEAD=ahead, R=runs,
+        G=group_size, EXACT=exact, ASM=asm, H2=h2, AHEAD=ahead, R=runs, XP=xp, **cap,
     )  # fmt: skip
+
+
+def takes_pairs(m: int, packed: torch.Tensor, group_size: int, dtype: torch.dtype) -> bool:
+    """Whether ``int4_matmul`` over ``m`` rows of ``dtype`` x and this weight reads ``pairs`` (its half2 GEMV does)."""
+    n, k2 = packed.shape
+    if not packed.is_cuda or interpreting() or dtype not in (torch.bfloat16, torch.float16):
+        return False
+    cfg = config_for("int4", m, n, 2 * k2, k2, group_size, packed.device)
+    return int4_gemv.takes_half2(cfg, k2, packed.data_ptr())

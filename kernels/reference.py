@@ -190,6 +190,32 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
     return packed.contiguous(), scales.contiguous(), zeros.contiguous()
 
 
+def x_pairs(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(M, K)`` activations as the int4 half2 GEMV reads them (``kernels.int4_gemv.XPairs``).
+
+    Word ``q`` of a row covers columns ``4q .. 4q + 3``: ``pa[q]`` holds ``(x[4q], x[4q+2]) * s`` and
+    ``pb[q]`` ``(x[4q+1], x[4q+3]) * s`` as two fp16 in an int32 (the first in the low 16 bits), with
+    ``s = 1/4`` in the low half of K and ``1/64`` in the high half (whose weights the kernel reads as
+    16 q). ``sums`` are x's sums over each group of ``group_size`` columns, in fp32.
+
+    Returns:
+        ``(pa (M, K/4) int32, pb (M, K/4) int32, sums (M, K/G) fp32)``.
+    """
+    m, k = x.shape
+    xf = x.float()
+    scale = torch.full((k // 4,), 0.25, device=x.device)
+    scale[k // 8 :] = 0.25 / 16.0
+    quads = xf.view(m, k // 4, 4)  # (M, K/4, 4): word q's columns
+
+    def pair(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        a = (first * scale).half().view(torch.int16).to(torch.int32) & 0xFFFF
+        b = (second * scale).half().view(torch.int16).to(torch.int32)
+        return (a | (b << 16)).contiguous()
+
+    sums = xf.view(m, k // group_size, group_size).sum(-1)  # (M, K/G)
+    return pair(quads[..., 0], quads[..., 2]), pair(quads[..., 1], quads[..., 3]), sums.contiguous()
+
+
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
     """The fp32 ``(N, K)`` weight that a ``quantize_int4`` triple stands for."""
     q = torch.cat((packed & 0xF, packed >> 4), dim=1).float()  # (N, K)

@@ -3,17 +3,25 @@
 
 Owns the Triton kernel and its launcher. The semantics (rounding points) are those of
 ``kernels.reference.rms_norm_residual``; the launcher falls back to it where no kernel can run.
+The normed output can also be written as the int4 half2 GEMV reads it (``kernels.int4_gemv.XPairs``,
+``kernels.reference.x_pairs``), beside its plain form.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
 from kernels import reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, next_pow2, pdl_args, tl, triton
 
+if TYPE_CHECKING:
+    from kernels.int4_gemv import XPairs
+
 if triton is not None:
     from kernels._common import pdl_enter
+    from kernels.int4_gemv import _write_pairs
 
     @triton.jit
     def _rms_norm_residual_kernel(
@@ -22,6 +30,9 @@ if triton is not None:
         w_ptr,  # (C,) norm weight
         out_ptr,  # (M, C) normed output
         h_ptr,  # (M, C) new residual x + residual (written only when HAS_RESIDUAL)
+        pa_ptr,  # PAIRS: (M, C/4) int32 words of the output (int4_gemv.XPairs)
+        pb_ptr,  # (M, C/4) int32
+        xs_ptr,  # (M, C/G) fp32 group sums of the output
         stride_x,  # row stride of x
         stride_res,  # row stride of residual
         stride_out,  # row stride of out
@@ -30,6 +41,8 @@ if triton is not None:
         eps,  # variance epsilon
         HAS_RESIDUAL: tl.constexpr,  # add the residual first
         BLOCK_C: tl.constexpr,  # power of two >= C: one program holds a whole row
+        PAIRS: tl.constexpr = False,  # also write the output as XPairs
+        G: tl.constexpr = 0,  # PAIRS: the columns of a group sum
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
     ):
         row = tl.program_id(0)
@@ -48,13 +61,24 @@ if triton is not None:
         xf = x.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / C + eps)
         normed = (xf * rstd).to(x.dtype).to(tl.float32)
-        tl.store(out_ptr + row * stride_out + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+        y = (w * normed).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+        if PAIRS:
+            _write_pairs(y.to(tl.float32), row, C, pa_ptr, pb_ptr, xs_ptr, G)
 
 
 def rms_norm_residual(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    pairs: XPairs | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weight * rmsnorm(x + residual), x + residual)`` over ``(M, C)`` rows; see the reference.
+
+    ``pairs``: also fill these with the normed output (bf16 or fp16), as the int4 GEMV after the norm
+    reads it (``kernels.int4_matmul.takes_pairs``).
 
     Raises:
         ValueError: shapes, dtypes or strides the kernel cannot take.
@@ -66,9 +90,22 @@ def rms_norm_residual(
     if residual is not None:
         check(residual.shape == x.shape, f"residual {tuple(residual.shape)} must match x {tuple(x.shape)}")
         check(residual.dtype == x.dtype, f"residual dtype {residual.dtype} must match x {x.dtype}")
+    if pairs is not None:
+        check(x.dtype in (torch.float16, torch.bfloat16), f"pairs need bf16 or fp16 x, got {x.dtype}")
+        check(
+            pairs.pa.shape == pairs.pb.shape == (M, C // 4) and pairs.sums.shape == (M, C // pairs.group_size),
+            f"pairs must be ({M}, {C // 4}) words and ({M}, {C // pairs.group_size}) sums",
+        )
+        check(C % (2 * pairs.group_size) == 0, f"C ({C}) must be a multiple of 2 * group_size ({pairs.group_size})")
     tensors = [x, weight] + ([residual] if residual is not None else [])
     if not can_launch(*tensors):
-        return reference.rms_norm_residual(x, residual, weight, eps)
+        out, h = reference.rms_norm_residual(x, residual, weight, eps)
+        if pairs is not None:
+            for buf, value in zip(
+                (pairs.pa, pairs.pb, pairs.sums), reference.x_pairs(out, pairs.group_size), strict=True
+            ):
+                buf.copy_(value)
+        return out, h
     for name, t in (("x", x), ("weight", weight), ("residual", residual)):
         if t is not None:
             check_last_contiguous(name, t)
@@ -82,6 +119,7 @@ def rms_norm_residual(
         weight,
         out,
         h,
+        *((pairs.pa, pairs.pb, pairs.sums) if pairs is not None else (out, out, out)),  # else never read
         x.stride(0),
         res.stride(0),
         out.stride(0),
@@ -90,6 +128,8 @@ def rms_norm_residual(
         eps,
         HAS_RESIDUAL=residual is not None,
         BLOCK_C=BLOCK_C,
+        PAIRS=pairs is not None,
+        G=pairs.group_size if pairs is not None else 0,
         num_warps=min(16, max(1, BLOCK_C // 256)),
         **pdl_args(x),
     )

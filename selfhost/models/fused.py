@@ -5,7 +5,8 @@ rotary embedding fused with the KV-cache write (into the qkv GEMV, ``kernels.rop
 its own launch after the qkv matmul), paged split-KV decode attention for one-token
 rows, paged prefill attention for multi-token rows (prefill and chunked prefill over cached
 prefix blocks; in a mixed batch each kind of row goes to its own kernel), and the matmuls through
-``Linear``, whose GEMV kernels apply SiLU-and-mul as they write gate_up's output (``glu``). Where
+``Linear``, whose GEMV kernels apply SiLU-and-mul as they write gate_up's output (``glu``) and
+whose int4 GEMVs read x as the pairs the norm before them wrote (``Linear.x_pairs``). Where
 the prefill kernel cannot launch (a head dim that is not a power of two), multi-token rows fall
 back to ``ops.prefill_attention`` (SDPA over the gathered context). Runs on CUDA, or on the CPU
 under ``TRITON_INTERPRET=1`` (tests). Does not own the weights or their names (``llama``), the
@@ -31,6 +32,7 @@ from kernels.rope_kv import RopeKV
 from selfhost.models import ops
 
 if TYPE_CHECKING:
+    from kernels.int4_gemv import XPairs
     from selfhost.models.llama import Attention, DecoderLayer, LlamaForCausalLM
 
 
@@ -62,11 +64,15 @@ def forward(
     x = F.embedding(input_ids, model.embed)  # (N, C)
     residual: torch.Tensor | None = None
     layers = cast("list[DecoderLayer]", list(model.layers))
+    N = x.shape[0]
     for layer, (k_cache, v_cache) in zip(layers, kv_caches, strict=True):
-        h, residual = rms_norm_residual(x, residual, layer.attn_norm, eps)
-        x = _attention(layer.attn, h, positions, cos, sin, k_cache, v_cache, meta, decode_prefix)
-        h, residual = rms_norm_residual(x, residual, layer.mlp_norm, eps)
-        x = layer.mlp.down(layer.mlp.gate_up(h, glu=True))
+        # each norm also writes its output as the int4 GEMV after it reads x, where one does
+        pairs = layer.attn.qkv.x_pairs(N, x.dtype)
+        h, residual = rms_norm_residual(x, residual, layer.attn_norm, eps, pairs=pairs)
+        x = _attention(layer.attn, h, positions, cos, sin, k_cache, v_cache, meta, decode_prefix, pairs)
+        pairs = layer.mlp.gate_up.x_pairs(N, x.dtype)
+        h, residual = rms_norm_residual(x, residual, layer.mlp_norm, eps, pairs=pairs)
+        x = layer.mlp.down(layer.mlp.gate_up(h, glu=True, pairs=pairs))
     out, _ = rms_norm_residual(x, residual, model.norm, eps)
     return out
 
@@ -81,10 +87,11 @@ def _attention(
     v_cache: torch.Tensor,
     meta: ops.AttentionMetadata,
     decode_prefix: int | None = None,
+    pairs: XPairs | None = None,
 ) -> torch.Tensor:
     N = x.shape[0]
     rope = RopeKV(positions, cos, sin, k_cache, v_cache, meta.slot_mapping)
-    q = attn.qkv(x, rope=rope).view(N, attn.nh, attn.hd)  # rotated; the new keys and values are in the caches
+    q = attn.qkv(x, rope=rope, pairs=pairs).view(N, attn.nh, attn.hd)  # rotated; new keys and values in the caches
     if meta.all_decode:
         o = _decode(q, k_cache, v_cache, meta, attn.scale)
     elif decode_prefix is not None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kernels._matmul_config import GEMV_MAX_ROWS
+
 if TYPE_CHECKING:
     import torch
 
+    from kernels.int4_gemv import XPairs
     from kernels.rope_kv import RopeKV
     from selfhost.config import Quantization
 
@@ -77,15 +80,35 @@ def quantize(weight: torch.Tensor, mode: Quantization, group_size: int) -> Kerne
     return None
 
 
-def linear(x: torch.Tensor, qw: KernelWeight, *, glu: bool = False, rope: RopeKV | None = None) -> torch.Tensor:
+def x_pairs(qw: KernelWeight, m: int, dtype: torch.dtype) -> XPairs | None:
+    """Room for ``m`` rows of x as ``qw``'s int4 GEMV reads them (``kernels.int4_gemv.XPairs``), or None where it reads x."""
+    if not isinstance(qw, KernelInt4Weight) or m > GEMV_MAX_ROWS:  # the tiled path reads x (checked cheaply first)
+        return None
+    from kernels.int4_gemv import XPairs
+    from kernels.int4_matmul import takes_pairs
+
+    if not takes_pairs(m, qw.packed, qw.group_size, dtype):
+        return None
+    return XPairs.empty(m, 2 * qw.packed.shape[1], qw.group_size, qw.packed.device)
+
+
+def linear(
+    x: torch.Tensor,
+    qw: KernelWeight,
+    *,
+    glu: bool = False,
+    rope: RopeKV | None = None,
+    pairs: XPairs | None = None,
+) -> torch.Tensor:
     """``(M, K) @ W.T -> (M, N)`` in x's dtype, through the kernel (or its reference off CUDA without the interpreter).
 
     ``glu``: W is ``[gate; up]`` and the result ``silu_and_mul(x @ W.T)``, ``(M, N / 2)``; ``rope``:
-    W is ``[q; k; v]`` and the result the rotated queries (``kernels.rope_kv.RopeKV``).
+    W is ``[q; k; v]`` and the result the rotated queries (``kernels.rope_kv.RopeKV``). ``pairs``: x
+    as ``x_pairs`` made room for, filled by the kernel before (an int4 weight reads them instead of x).
     """
     from kernels.int4_matmul import int4_matmul
     from kernels.quant_matmul import int8_matmul
 
     if isinstance(qw, KernelInt8Weight):
         return int8_matmul(x, qw.qweight, qw.scales, group_size=qw.group_size, glu=glu, rope=rope)
-    return int4_matmul(x, qw.packed, qw.scales, qw.zeros, qw.group_size, glu=glu, rope=rope)
+    return int4_matmul(x, qw.packed, qw.scales, qw.zeros, qw.group_size, glu=glu, rope=rope, pairs=pairs)

@@ -15,6 +15,7 @@ from torch import nn
 from selfhost.models import kernel_quant, quant
 
 if TYPE_CHECKING:
+    from kernels.int4_gemv import XPairs
     from kernels.rope_kv import RopeKV
     from selfhost.config import Quantization
 
@@ -71,18 +72,33 @@ class Linear(nn.Module):
                 w += p.numel() * p.element_size()
         return w
 
-    def forward(self, x: torch.Tensor, *, glu: bool = False, rope: RopeKV | None = None) -> torch.Tensor:
-        """``(M, in)`` -> ``(M, out)`` in ``x``'s dtype, with ``project``'s epilogues."""
-        return self.project(x, glu=glu, rope=rope).to(x.dtype)
+    def x_pairs(self, m: int, dtype: torch.dtype) -> XPairs | None:
+        """Room for ``m`` rows of input as this layer's int4 GEMV reads them, for the norm before it to fill; else None.
 
-    def project(self, x: torch.Tensor, *, glu: bool = False, rope: RopeKV | None = None) -> torch.Tensor:
+        ``kernel_quant.x_pairs``; a layer with a bias adds it after a plain product, so takes none.
+        """
+        qw = self.qweight
+        if self.bias is not None or not isinstance(qw, kernel_quant.KernelInt4Weight):
+            return None
+        return kernel_quant.x_pairs(qw, m, dtype)
+
+    def forward(
+        self, x: torch.Tensor, *, glu: bool = False, rope: RopeKV | None = None, pairs: XPairs | None = None
+    ) -> torch.Tensor:
+        """``(M, in)`` -> ``(M, out)`` in ``x``'s dtype, with ``project``'s epilogues."""
+        return self.project(x, glu=glu, rope=rope, pairs=pairs).to(x.dtype)
+
+    def project(
+        self, x: torch.Tensor, *, glu: bool = False, rope: RopeKV | None = None, pairs: XPairs | None = None
+    ) -> torch.Tensor:
         """``(M, in)`` -> ``(M, out)`` in the dtype the kernel returns: bf16 for the CPU int8/int4 kernels, else ``x``'s.
 
         ``glu``: the weight is ``[gate; up]`` and the result ``silu_and_mul`` of the product,
         ``(M, out / 2)``. ``rope``: the weight is ``[q; k; v]`` heads, the result the rotated
         queries ``(M, q_size)``, and the keys and values are in ``rope``'s caches
         (``kernels.rope_kv.RopeKV``). The Triton GEMVs do either as they write their tiles, the
-        other paths run the op after.
+        other paths run the op after. ``pairs``: x once more as ``x_pairs`` made room for, filled by
+        the norm before (the int4 GEMV reads them instead of x).
 
         NOTE(crossway): the decoder's CPU path calls this, not ``forward``, so that a bf16 output
         feeding a residual add or the next bf16 kernel is not widened and rounded again: each dtype
@@ -92,7 +108,7 @@ class Linear(nn.Module):
             return _epilogue(self.project(x), glu, rope)
         qw = self.qweight
         if isinstance(qw, kernel_quant.KernelInt8Weight | kernel_quant.KernelInt4Weight):
-            y = kernel_quant.linear(x, qw, glu=glu, rope=rope)
+            y = kernel_quant.linear(x, qw, glu=glu, rope=rope, pairs=pairs)
         elif qw is not None:
             y = _epilogue(quant.quantized_matmul(x, qw), glu, rope)
         else:

@@ -71,10 +71,12 @@ class Case(NamedTuple):
     consts: dict[str, Any]
     types: dict[str, str]
     warps: int = 4
+    max_registers: int = 0
+    """Triton's ``maxnreg`` (0: none), as the launcher passes it."""
 
 
-def _default(kind: Kind, rows: int, n: int, k_iter: int, group: int) -> tuple[dict[str, Any], int, bool]:
-    """The launcher's default tile of a matmul on the H100 (132 multiprocessors): constexprs, warps, prefetch."""
+def _default(kind: Kind, rows: int, n: int, k_iter: int, group: int) -> tuple[dict[str, Any], int, bool, int]:
+    """The launcher's default tile of a matmul on the H100 (132 multiprocessors): constexprs, warps, prefetch, pairs' register cap."""
     from kernels._matmul_config import default_config
 
     cfg = default_config(kind, rows, n, k_iter, group, interp=False, sms=132)
@@ -82,7 +84,7 @@ def _default(kind: Kind, rows: int, n: int, k_iter: int, group: int) -> tuple[di
     if kind == "int4":
         tile["AHEAD"] = cfg.ahead
         tile["R"] = cfg.runs
-    return tile, cfg.num_warps, cfg.prefetch
+    return tile, cfg.num_warps, cfg.prefetch, cfg.pairs_registers
 
 
 def _words_a_thread(ttgir: str) -> list[int]:
@@ -131,6 +133,7 @@ def cases() -> list[Case]:
 
     rope = {"pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
     mm = {"part_ptr": "*fp32", "cnt_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32", **rope}
+    mm |= {"pa_ptr": "*i32", "pb_ptr": "*i32", "xs_ptr": "*fp32"}  # the int4 GEMV's x as XPairs
     gemv = {"GEMV": True, "DOT_F32": False, "ASM": True, "PDL": True, "ROPE": 0}
     tiled = {"GEMV": False, "DOT_F32": False, "ASM": True, "PDL": True, "ROPE": 0}
     n, k = 4096, 14336  # the 8B down projection
@@ -144,7 +147,7 @@ def cases() -> list[Case]:
             (int4_matmul._int4_kernel, "int4", "*u8"),
             (dense_gemv._dense_gemv_kernel, "dense", "*bf16"),
         ):
-            tile, warps, prefetch = _default(
+            tile, warps, prefetch, _ = _default(
                 kind, 1, rn, rk // 2 if kind == "int4" else rk, 32 if kind == "int4" else 0
             )
             c = {**gemv, **tile, "GLU": False, "ROPE": half, "PREFETCH": prefetch}
@@ -159,19 +162,19 @@ def cases() -> list[Case]:
         w8 = {**mm, "w_ptr": "*i8"}
         kind: Kind = "int8g" if g else "int8"
         for rows, cols, glu in ((n, k, False), (gu_n, gu_k, True)):
-            tile, warps, prefetch = _default(kind, 1, rows, cols, g)
+            tile, warps, prefetch, _ = _default(kind, 1, rows, cols, g)
             c = {**gemv, **tile, "G": g, "GLU": glu, "PREFETCH": prefetch}
             out.append(Case(f"int8 gemv G={g} glu={glu}", quant_matmul._int8_kernel, c, w8, warps))
-        tile, warps, _ = _default(kind, 64, n, k, g)
+        tile, warps, _, _ = _default(kind, 64, n, k, g)
         out.append(
             Case(f"int8 tiled G={g}", quant_matmul._int8_kernel, {**tiled, **tile, "G": g, "GLU": False}, w8, warps)
         )
     for small_n, small_k, glu in ((960, 576, False), (576, 1536, False), (3072, 576, True)):  # SmolLM2's int8
-        tile, warps, prefetch = _default("int8", 1, small_n, small_k, 0)
+        tile, warps, prefetch, _ = _default("int8", 1, small_n, small_k, 0)
         c = {**gemv, **tile, "G": 0, "GLU": glu, "PREFETCH": prefetch}
         out.append(Case(f"int8 gemv {small_n}x{small_k}", quant_matmul._int8_kernel, c, {**mm, "w_ptr": "*i8"}, warps))
     w4 = {**mm, "w_ptr": "*u8"}
-    tile, warps, _ = _default("int4", 1, n, k // 2, 128)
+    tile, warps, _, regs = _default("int4", 1, n, k // 2, 128)
     loads = [
         (False, False, False),
         (True, False, False),
@@ -184,9 +187,15 @@ def cases() -> list[Case]:
         c.update(PREFETCH=prefetch, AHEAD=ahead)
         name = f"int4 gemv exact={exact} prefetch={prefetch} ahead={ahead}"
         out.append(Case(name, int4_matmul._int4_kernel, c, w4, warps))
-    tile, warps, prefetch = _default("int4", 1, gu_n, gu_k // 2, 128)
+    c = {**gemv, **tile, "G": 128, "GLU": False, "EXACT": False, "H2": True, "PREFETCH": True, "AHEAD": True}
+    out.append(Case("int4 gemv pairs (down's tile)", int4_matmul._int4_kernel, {**c, "XP": True}, w4, warps, regs))
+    tile, warps, prefetch, regs = _default("int4", 1, qkv_n, gu_k // 2, 128)
+    c = {**gemv, **tile, "G": 128, "GLU": False, "EXACT": False, "H2": True, "PREFETCH": prefetch, "XP": True}
+    out.append(Case("int4 gemv pairs (qkv's tile)", int4_matmul._int4_kernel, c, w4, warps, regs))
+    tile, warps, prefetch, regs = _default("int4", 1, gu_n, gu_k // 2, 128)
     c = {**gemv, **tile, "G": 128, "GLU": True, "EXACT": False, "H2": True, "PREFETCH": prefetch}
     out.append(Case("int4 gemv glu", int4_matmul._int4_kernel, c, w4, warps))
+    out.append(Case("int4 gemv glu pairs", int4_matmul._int4_kernel, {**c, "XP": True}, w4, warps, regs))
     for bn, bk, warps in ((16, 128, 4), (4, 512, 4), (2, 1024, 2)):  # the smallest tiles takes_half2 lets in
         c = {**gemv, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "G": 32, "GLU": False, "EXACT": False, "H2": True}
         for ahead, runs in ((False, 1), (True, 1), (True, 2)):  # runs: 2 of GGUF's 8-word groups a thread
@@ -194,14 +203,14 @@ def cases() -> list[Case]:
             c_run = {**c, "PREFETCH": True, "AHEAD": ahead, "R": runs}
             out.append(Case(name, int4_matmul._int4_kernel, c_run, w4, warps))
     for small_n, small_k in ((576, 1536), (49152, 576)):  # SmolLM2's down and LM head, GGUF's group of 32
-        tile, warps, prefetch = _default("int4", 1, small_n, small_k // 2, 32)
+        tile, warps, prefetch, _ = _default("int4", 1, small_n, small_k // 2, 32)
         c = {**gemv, **tile, "G": 32, "GLU": False, "EXACT": False, "H2": False, "PREFETCH": prefetch}
         out.append(Case(f"int4 gemv {small_n}x{small_k}", int4_matmul._int4_kernel, c, w4, warps))
-    tile, warps, _ = _default("int4", 64, n, k // 2, 128)
+    tile, warps, _, _ = _default("int4", 64, n, k // 2, 128)
     c = {**tiled, **tile, "G": 128, "GLU": False, "EXACT": False}
     out.append(Case("int4 tiled", int4_matmul._int4_kernel, c, w4, warps))
     for rows, cols, glu in ((n, k, False), (gu_n, gu_k, True)):
-        tile, warps, prefetch = _default("dense", 1, rows, cols, 0)
+        tile, warps, prefetch, _ = _default("dense", 1, rows, cols, 0)
         c = {**gemv, **tile, "GLU": glu, "PREFETCH": prefetch}
         del c["ASM"]
         out.append(Case(f"dense glu={glu}", dense_gemv._dense_gemv_kernel, c, mm, warps))
@@ -245,11 +254,10 @@ def cases() -> list[Case]:
     for nh, hd, bh in ((32, 128, 1), (9, 64, 2)):  # 32 splits: the 8B's and SmolLM2's prefix-hit tails
         c = {"NH": nh, "HD": hd, "BLOCK_S": 32, "BLOCK_H": bh, "BLOCK_B": 8, "PDL": True}
         out.append(Case(f"prefill merge hd={hd}", paged_prefill._prefill_merge_kernel, c, pre))
-    for res in (False, True):
-        c = {"HAS_RESIDUAL": res, "BLOCK_C": 4096, "PDL": True}
-        out.append(
-            Case(f"rmsnorm residual={res}", rmsnorm._rms_norm_residual_kernel, c, {"w_ptr": "*fp32", "eps": "fp32"}, 16)
-        )
+    norm = {"w_ptr": "*fp32", "eps": "fp32", "pa_ptr": "*i32", "pb_ptr": "*i32", "xs_ptr": "*fp32"}
+    for res, pairs in ((False, False), (True, False), (True, True)):  # pairs: the int4 GEMV's x (XPairs)
+        c = {"HAS_RESIDUAL": res, "BLOCK_C": 4096, "PAIRS": pairs, "G": 128 if pairs else 0, "PDL": True}
+        out.append(Case(f"rmsnorm residual={res} pairs={pairs}", rmsnorm._rms_norm_residual_kernel, c, norm, 16))
     c = {"NH": 32, "NKV": 8, "HALF": 64, "BLOCK_H": 32, "BLOCK_D": 64, "PDL": True}
     rope = {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64"}
     out.append(Case("rope + kv write", rope_kv._rope_write_kv_kernel, c, rope))
@@ -261,6 +269,7 @@ def cases() -> list[Case]:
     for case in out:  # a constexpr left out would build as an i32 argument
         if case.fn is int4_matmul._int4_kernel:
             case.consts.setdefault("R", 1)
+            case.consts.setdefault("XP", False)
     return out
 
 
@@ -273,11 +282,12 @@ def main() -> int:
     from triton.compiler import ASTSource
 
     failed = 0
-    for name, fn, consts, types, warps in cases():
+    for name, fn, consts, types, warps, max_registers in cases():
         try:
             sig = _signature(fn, consts, types)
             src = ASTSource(fn, signature=sig, constexprs=consts, attrs=_attrs(fn, sig))
-            kernel = triton.compile(src, target=GPUTarget(*TARGET), options={"num_warps": warps})
+            options = {"num_warps": warps, **({"maxnreg": max_registers} if max_registers else {})}
+            kernel = triton.compile(src, target=GPUTarget(*TARGET), options=options)
             regs, spills = _registers(kernel.asm["ptx"])
             # _h2_dot's 4 elements a call must be 4 consecutive words of a row (int4_gemv.takes_half2)
             words = _words_a_thread(kernel.asm["ttgir"])

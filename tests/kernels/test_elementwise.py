@@ -7,6 +7,7 @@ import torch
 
 from kernels import reference
 from kernels.activation import silu_and_mul
+from kernels.int4_gemv import XPairs
 from kernels.rmsnorm import rms_norm_residual
 from kernels.rope_kv import rope_write_kv
 from tests.kernels.conftest import ON_GPU
@@ -32,6 +33,31 @@ def test_rms_norm_residual_matches_reference(device, shape, dtype, with_residual
     exact = ON_GPU or dtype == torch.float32
     torch.testing.assert_close(h.cpu(), ref_h, **({"atol": 0, "rtol": 0} if exact else tol(dtype)))
     torch.testing.assert_close(out.cpu(), ref_out, **tol(dtype))
+
+
+@pytest.mark.parametrize(
+    ("shape", "group"), [((1, 4096), 128), ((3, 2048), 32)] if ON_GPU else [((1, 64), 16), ((3, 96), 16)]
+)
+def test_rms_norm_residual_writes_its_output_as_the_int4_gemvs_x_pairs(device, shape, group):
+    x = torch.randn(shape, dtype=torch.bfloat16, device=device)
+    res = torch.randn(shape, dtype=torch.bfloat16, device=device)
+    w = torch.randn(shape[1], dtype=torch.bfloat16, device=device)
+    pairs = XPairs.empty(shape[0], shape[1], group, device)
+    out, h = rms_norm_residual(x, res, w, 1e-5, pairs=pairs)
+    plain_out, plain_h = rms_norm_residual(x, res, w, 1e-5)
+    assert torch.equal(out, plain_out) and torch.equal(h, plain_h)
+    pa, pb, sums = reference.x_pairs(out.cpu(), group)
+    assert torch.equal(pairs.pa.cpu(), pa) and torch.equal(pairs.pb.cpu(), pb)
+    torch.testing.assert_close(pairs.sums.cpu(), sums, atol=1e-4, rtol=1e-5)  # summed in another order
+
+
+def test_rms_norm_residual_rejects_pairs_of_another_shape(device):
+    x = torch.randn(2, 64, dtype=torch.bfloat16, device=device)
+    w = torch.ones(64, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="pairs must be"):
+        rms_norm_residual(x, None, w, 1e-5, pairs=XPairs.empty(2, 32, 16, device))
+    with pytest.raises(ValueError, match="pairs need bf16 or fp16"):
+        rms_norm_residual(x.float(), None, w.float(), 1e-5, pairs=XPairs.empty(2, 64, 16, device))
 
 
 def test_rms_norm_residual_rejects_mismatched_weight(device):

@@ -91,6 +91,36 @@ def test_cuda_graph_steps_equal_eager_steps() -> None:
     assert graphs == eager
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the int4 GEMV reads x as pairs only on a GPU")
+def test_int4_engine_with_x_pairs_equals_it_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape wide enough for the int4 half2 GEMV: its norms hand it x as pairs, and greedy ids do not move."""
+    wide = replace(TINY, hidden_size=2048, intermediate_size=4096, num_heads=16, num_kv_heads=4, head_dim=128)
+    gen = torch.Generator().manual_seed(0)
+    model = LlamaForCausalLM(wide, 256)
+    for name, p in model.named_parameters():
+        p.data = (
+            1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+            if name.endswith("norm")
+            else 0.02 * torch.randn(p.shape, generator=gen)
+        )
+    model = model.to(device="cuda", dtype=torch.bfloat16)
+    model.quantize("int4", group_size=128, kernels=True)
+    layer = model.decoder_layers()[0]
+    assert layer.attn.qkv.x_pairs(1, torch.bfloat16) is not None
+    assert layer.mlp.gate_up.x_pairs(1, torch.bfloat16) is not None
+
+    def run() -> list[list[int]]:
+        cfg = EngineConfig(
+            block_size=4, num_kv_blocks=128, max_model_len=128, max_num_seqs=8, dtype="bfloat16", device="cuda"
+        )
+        cfg = replace(cfg, quantization="int4", quant_group_size=128)
+        return LLMEngine(model, wide, None, cfg).generate(prompts(), GREEDY)
+
+    with_pairs = run()
+    monkeypatch.setattr(Linear, "x_pairs", lambda self, m, dtype: None)
+    assert run() == with_pairs
+
+
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_kernel_quantized_linear_matches_its_dequantized_reference(device: torch.device, mode: str) -> None:
     torch.manual_seed(0)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.int4_matmul import int4_matmul
+from kernels.int4_gemv import XPairs
+from kernels.int4_matmul import int4_matmul, takes_pairs
 from kernels.quant_matmul import Config, int8_matmul
 from selfhost.models import quant
 from tests.kernels.conftest import ON_GPU
@@ -85,6 +86,47 @@ def test_int4_matmul_matches_reference(device, shape, config, group):
         ref = reference.int4_matmul(x.float(), packed, s, z, group)
         assert out.shape == (m, n) and out.dtype == dtype
         assert _rel_err(out.cpu(), ref) < (1e-2 if dtype == torch.bfloat16 else 1e-3)
+
+
+def test_x_pairs_hold_each_words_four_columns_scaled_for_the_half2_loop():
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    pa, pb, sums = reference.x_pairs(x, 16)
+
+    def halves(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        low = (words & 0xFFFF).to(torch.int16).view(torch.float16).float()
+        high = (words >> 16).to(torch.int16).view(torch.float16).float()
+        return low, high
+
+    scale = torch.tensor([0.25] * 8 + [0.25 / 16] * 8)  # words 0-7 cover the low half of K
+    quads = x.float().view(2, 16, 4) * scale[:, None]
+    assert torch.equal(torch.stack(halves(pa), -1), quads[..., [0, 2]].half().float())
+    assert torch.equal(torch.stack(halves(pb), -1), quads[..., [1, 3]].half().float())
+    torch.testing.assert_close(sums, x.float().view(2, 4, 16).sum(-1))
+
+
+@pytest.mark.parametrize("glu", [False, True])
+def test_int4_gemv_reads_x_pairs_as_it_reads_x(device, glu):
+    """Where the half2 GEMV runs (K of 2,048 and more, on a GPU) it reads the pairs; elsewhere they are ignored."""
+    m, n, k, group = (2, 512, 4096, 128) if ON_GPU else (2, 48, 64, 16)
+    packed, s, z = (t.to(device) for t in reference.quantize_int4(torch.randn(n, k), group))
+    x = torch.randn(m, k, device=device).to(torch.bfloat16)
+    pairs = XPairs(*(t.to(device) for t in reference.x_pairs(x, group)), group_size=group)
+    assert takes_pairs(m, packed, group, x.dtype) == ON_GPU
+    plain = int4_matmul(x, packed, s, z, group, glu=glu)
+    got = int4_matmul(x, packed, s, z, group, glu=glu, pairs=pairs)
+    if ON_GPU:  # x's group sums add up in another order
+        assert _rel_err(got.cpu(), plain.cpu()) < 1e-3
+        ref = reference.int4_matmul(x.cpu().float(), packed.cpu(), s.cpu(), z.cpu(), group)
+        assert _rel_err(got.cpu(), reference.silu_and_mul(ref) if glu else ref) < 1e-2
+    else:
+        assert torch.equal(got, plain)
+
+
+def test_int4_matmul_rejects_pairs_of_another_shape(device):
+    packed, s, z = (t.to(device) for t in reference.quantize_int4(torch.randn(48, 64), 16))
+    x = torch.randn(2, 64, device=device).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="pairs must be"):
+        int4_matmul(x, packed, s, z, 16, pairs=XPairs.empty(2, 64, 32, device))
 
 
 @pytest.mark.parametrize("group", [32, 64])
