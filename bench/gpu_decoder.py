@@ -12,7 +12,7 @@ that is the engine's (``selfhost``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (the torch convention)
@@ -22,12 +22,14 @@ from kernels._matmul_config import Config, config_for
 from kernels._matmul_launch import finish_unfused
 from kernels.argmax import argmax
 from kernels.dense_gemv import MODEL_ROWS, dense_gemv
-from kernels.int4_gemv import XPairs
-from kernels.int4_matmul import int4_matmul, takes_pairs
+from kernels.int4_matmul import int4_matmul, pairs_for
 from kernels.paged_attention import paged_decode_attention
 from kernels.quant_matmul import int8_matmul
 from kernels.rmsnorm import rms_norm_residual
 from kernels.rope_kv import RopeKV
+
+if TYPE_CHECKING:
+    from kernels.int4_gemv import XPairs
 
 Mode = Literal["bf16", "cublas", "int8", "int4"]
 """Weight format of the linears; ``cublas`` is bf16 through ``F.linear`` at every batch size."""
@@ -118,9 +120,7 @@ class QLinear:
 
     def x_pairs(self, x: torch.Tensor) -> XPairs | None:
         """Room for ``x`` as this weight's int4 GEMV reads it (``kernels.int4_gemv.XPairs``), or None where it reads x."""
-        if self.mode != "int4" or not takes_pairs(x.shape[0], self.tensors[0], self.group, x.dtype):
-            return None
-        return XPairs.empty(x.shape[0], self.k, self.group, x.device)
+        return pairs_for(x.shape[0], self.tensors[0], self.group, x.dtype) if self.mode == "int4" else None
 
     def __call__(
         self, x: torch.Tensor, glu: bool = False, rope: RopeKV | None = None, pairs: XPairs | None = None

@@ -43,12 +43,11 @@ class XPairs:
 
     The layout is ``kernels.reference.x_pairs``': ``pa`` and ``pb`` hold each word's four columns of x
     as two fp16 pairs, ``sums`` x's sums per group of ``group_size`` columns; kernels write it with
-    ``_write_pairs``. The GEMV loads them at
-    its own word columns, in the weights' register layout, where from plain x it loads 2-byte
-    columns, builds the pairs and sums and moves them into that layout through shared memory every
-    step. NOTE(h7): on the H200, the 8B shapes at batch 1 with their default tiles (``bench/
-    probe_int4_xpack.py``, 2026-11-28): gate_up 23.3 -> 18.0 us (at most 72 registers a thread), qkv
-    6.3 -> 5.4, LM head 98 -> 72; bit-equal outputs where the group sums add up alike.
+    ``_write_pairs``. The GEMV loads them at its own word columns, in the weights' register layout,
+    where from plain x it loads 2-byte columns, builds the pairs and sums and moves them into that
+    layout through shared memory every step. NOTE(h7): on the H200, the 8B shapes at batch 1 with
+    their default tiles (``bench/probe_int4_xpack.py``, 2026-11-28): gate_up 23.0 -> 17.8 us (at
+    most 72 registers a thread), qkv 6.3 -> 5.4, LM head 92 -> 69; the step 538 -> 603 tok/s.
     """
 
     pa: torch.Tensor

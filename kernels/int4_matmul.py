@@ -5,7 +5,7 @@ The int8 formats' kernel (``kernels.quant_matmul``) has the same two paths: a GE
 (decode), whose inner loop is ``kernels.int4_gemv``'s (fp32 or half2 FMAs), and a tiled path
 that dequantizes a tile into ``tl.dot``. Both split K when the grid would not fill the GPU and
 take the same epilogues (``glu``, ``rope``; ``kernels._matmul_launch``). The half2 GEMV can read x
-as the pairs a kernel before it wrote (``int4_gemv.XPairs``, ``takes_pairs``). Group 32 is what GGUF
+as the pairs a kernel before it wrote (``int4_gemv.XPairs``, ``pairs_for``). Group 32 is what GGUF
 Q4_1 blocks repack into (``kernels.gguf_blocks``). The layout and the semantics are
 ``kernels.reference``'s (``quantize_int4``, ``int4_matmul``); the launcher falls back to those
 where no kernel can run. Launch configs live in ``kernels._matmul_config``. Does not own which
@@ -20,14 +20,14 @@ import torch
 
 from kernels import int4_gemv, reference
 from kernels._common import can_launch, check, check_dtype, check_last_contiguous, interpreting, tl, triton
-from kernels._matmul_config import Config, config_for
+from kernels._matmul_config import GEMV_MAX_ROWS, Config, config_for
 from kernels._matmul_launch import check_epilogue, check_group, check_step, check_x, finish_unfused, launch
 
 if TYPE_CHECKING:
     from kernels.int4_gemv import XPairs
     from kernels.rope_kv import RopeKV
 
-__all__ = ["int4_matmul", "takes_pairs"]
+__all__ = ["int4_matmul", "pairs_for"]
 
 if triton is not None:
     from kernels._common import pdl_enter_after_wait
@@ -229,7 +229,7 @@ def int4_matmul(
     zeros from GGUF Q4_1 blocks). With ``glu``, W is ``[gate; up]`` and the result
     ``silu_and_mul(x @ W.T)``, ``(M, N/2)``; with ``rope``, W is ``[q; k; v]`` and the result the
     rotated queries (``RopeKV``). ``pairs``: x once more, as ``int4_gemv.XPairs`` (same values), which
-    the half2 GEMV reads instead of x (``takes_pairs``); other paths read x.
+    the half2 GEMV reads instead of x (``pairs_for``); other paths read x.
 
     Raises:
         ValueError: shapes, dtypes, strides or a group size the kernel cannot take.
@@ -282,7 +282,14 @@ def int4_matmul(
     )  # fmt: skip
 
 
-def takes_pairs(m: int, packed: torch.Tensor, group_size: int, dtype: torch.dtype) -> bool:
+def pairs_for(m: int, packed: torch.Tensor, group_size: int, dtype: torch.dtype) -> XPairs | None:
+    """Room for ``m`` rows of ``dtype`` x as ``int4_matmul`` over this weight reads them, for the kernel before it to fill; None where it reads x."""
+    if m > GEMV_MAX_ROWS or not _takes_pairs(m, packed, group_size, dtype):  # the tiled path: checked cheaply first
+        return None
+    return int4_gemv.XPairs.empty(m, 2 * packed.shape[1], group_size, packed.device)
+
+
+def _takes_pairs(m: int, packed: torch.Tensor, group_size: int, dtype: torch.dtype) -> bool:
     """Whether ``int4_matmul`` over ``m`` rows of ``dtype`` x and this weight reads ``pairs`` (its half2 GEMV does)."""
     n, k2 = packed.shape
     if not packed.is_cuda or interpreting() or dtype not in (torch.bfloat16, torch.float16):

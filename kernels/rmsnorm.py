@@ -78,7 +78,7 @@ def rms_norm_residual(
     """``(weight * rmsnorm(x + residual), x + residual)`` over ``(M, C)`` rows; see the reference.
 
     ``pairs``: also fill these with the normed output (bf16 or fp16), as the int4 GEMV after the norm
-    reads it (``kernels.int4_matmul.takes_pairs``).
+    reads it (``kernels.int4_matmul.pairs_for``).
 
     Raises:
         ValueError: shapes, dtypes or strides the kernel cannot take.

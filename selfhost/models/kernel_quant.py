@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kernels._matmul_config import GEMV_MAX_ROWS
-
 if TYPE_CHECKING:
     import torch
 
@@ -82,14 +80,11 @@ def quantize(weight: torch.Tensor, mode: Quantization, group_size: int) -> Kerne
 
 def x_pairs(qw: KernelWeight, m: int, dtype: torch.dtype) -> XPairs | None:
     """Room for ``m`` rows of x as ``qw``'s int4 GEMV reads them (``kernels.int4_gemv.XPairs``), or None where it reads x."""
-    if not isinstance(qw, KernelInt4Weight) or m > GEMV_MAX_ROWS:  # the tiled path reads x (checked cheaply first)
+    if not isinstance(qw, KernelInt4Weight):
         return None
-    from kernels.int4_gemv import XPairs
-    from kernels.int4_matmul import takes_pairs
+    from kernels.int4_matmul import pairs_for
 
-    if not takes_pairs(m, qw.packed, qw.group_size, dtype):
-        return None
-    return XPairs.empty(m, 2 * qw.packed.shape[1], qw.group_size, qw.packed.device)
+    return pairs_for(m, qw.packed, qw.group_size, dtype)
 
 
 def linear(

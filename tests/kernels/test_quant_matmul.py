@@ -7,7 +7,7 @@ import torch
 
 from kernels import reference
 from kernels.int4_gemv import XPairs
-from kernels.int4_matmul import int4_matmul, takes_pairs
+from kernels.int4_matmul import int4_matmul, pairs_for
 from kernels.quant_matmul import Config, int8_matmul
 from selfhost.models import quant
 from tests.kernels.conftest import ON_GPU
@@ -110,8 +110,8 @@ def test_int4_gemv_reads_x_pairs_as_it_reads_x(device, glu):
     m, n, k, group = (2, 512, 4096, 128) if ON_GPU else (2, 48, 64, 16)
     packed, s, z = (t.to(device) for t in reference.quantize_int4(torch.randn(n, k), group))
     x = torch.randn(m, k, device=device).to(torch.bfloat16)
+    assert (pairs_for(m, packed, group, x.dtype) is not None) == ON_GPU
     pairs = XPairs(*(t.to(device) for t in reference.x_pairs(x, group)), group_size=group)
-    assert takes_pairs(m, packed, group, x.dtype) == ON_GPU
     plain = int4_matmul(x, packed, s, z, group, glu=glu)
     got = int4_matmul(x, packed, s, z, group, glu=glu, pairs=pairs)
     if ON_GPU:  # x's group sums add up in another order
