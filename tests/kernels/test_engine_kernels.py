@@ -111,9 +111,9 @@ def test_int4_engine_with_x_pairs_equals_it_without(monkeypatch: pytest.MonkeyPa
 
     def run() -> list[list[int]]:
         cfg = EngineConfig(
-            block_size=4, num_kv_blocks=128, max_model_len=128, max_num_seqs=8, dtype="bfloat16", device="cuda"
-        )
-        cfg = replace(cfg, quantization="int4", quant_group_size=128)
+            block_size=4, num_kv_blocks=128, max_model_len=128, max_num_seqs=8, dtype="bfloat16", device="cuda",
+            quantization="int4", quant_group_size=128,
+        )  # fmt: skip
         return LLMEngine(model, wide, None, cfg).generate(prompts(), GREEDY)
 
     with_pairs = run()
