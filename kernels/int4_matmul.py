@@ -284,15 +284,19 @@ def int4_matmul(
 
 def pairs_for(m: int, packed: torch.Tensor, group_size: int, dtype: torch.dtype) -> XPairs | None:
     """Room for ``m`` rows of ``dtype`` x as ``int4_matmul`` over this weight reads them, for the kernel before it to fill; None where it reads x."""
-    if m > GEMV_MAX_ROWS or not _takes_pairs(m, packed, group_size, dtype):  # the tiled path: checked cheaply first
-        return None
-    return int4_gemv.XPairs.empty(m, 2 * packed.shape[1], group_size, packed.device)
-
-
-def _takes_pairs(m: int, packed: torch.Tensor, group_size: int, dtype: torch.dtype) -> bool:
-    """Whether ``int4_matmul`` over ``m`` rows of ``dtype`` x and this weight reads ``pairs`` (its half2 GEMV does)."""
     n, k2 = packed.shape
-    if not packed.is_cuda or interpreting() or dtype not in (torch.bfloat16, torch.float16):
-        return False
+    # NOTE(h7): the engine asks this of every int4 layer in each step it runs eagerly, so what needs
+    # no launch config is refused first: rows the tiled path takes, rows too short for the half2
+    # loop (SmolLM2's, all of them), the interpreter, fp32 x
+    if (
+        m > GEMV_MAX_ROWS
+        or k2 < int4_gemv.HALF2_MIN_BYTES
+        or not packed.is_cuda
+        or interpreting()
+        or dtype not in (torch.bfloat16, torch.float16)
+    ):
+        return None
     cfg = config_for("int4", m, n, 2 * k2, k2, group_size, packed.device)
-    return int4_gemv.takes_half2(cfg, k2, packed.data_ptr())
+    if not int4_gemv.takes_half2(cfg, k2, packed.data_ptr()):
+        return None
+    return int4_gemv.XPairs.empty(m, 2 * k2, group_size, packed.device)
