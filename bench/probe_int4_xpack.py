@@ -47,9 +47,11 @@ class Tile:
     spec: str
 
     def config(self) -> Config | None:
+        if not self.spec:
+            return None
         m = re.fullmatch(r"(\d+)x(\d+)w(\d+)(?:s(\d+))?(p?)(a?)(?:u(\d+))?(?:r(\d+))?", self.spec)
         if not m:
-            return None
+            raise ValueError(f"not a tile: {self.spec!r} (e.g. 16x1024w4s2pau2r72)")
         bn, bk, w, split, pf, ah, runs, regs = m.groups()
         return Config(
             "gemv", int(bn), int(bk), int(split or 1), num_warps=int(w), prefetch=bool(pf), ahead=bool(ah),
