@@ -8,7 +8,8 @@ kernels, CUDA graphs and sampling included.
 - offline throughput: 256 requests, prompt and output lengths uniform in [100, 1024], random
   token ids, ``ignore_eos`` (the nano-vllm workload), with prefix caching on and off;
 - TTFT of a 4,096-token prompt cold, then with its prefix cached;
-- inter-token latency of 128 running requests while 8k-token prompts arrive in chunks;
+- inter-token latency of 128 running requests while 8k-token prompts arrive in chunks, at the
+  engine's default ``mixed_prefill_tokens`` and without it;
 - perplexity of bf16, int8, int4 and GGUF on a fixed English text, and their top-1 agreement with bf16.
 
     python -m bench.engine_gpu_smollm --json $OUT/engine_gpu_smollm.json
@@ -302,14 +303,23 @@ WARMUP_STEPS = 5
 """Untimed all-decode steps ``chunked_itl`` runs before its first round."""
 
 
-def chunked_window(budget: int, running: int, long_len: int, arrivals: int, every: int) -> int:
+def chunked_window(budget: int, mixed: int, running: int, long_len: int, arrivals: int, every: int) -> int:
     """Most steps a mixed window of ``chunked_itl`` runs: its arrivals, then twice the steps its long prompts need."""
     chunk = max(1, budget - running)  # prompt tokens a step beside the running requests' decodes
+    chunk = min(chunk, mixed or chunk)  # and ``mixed_prefill_tokens``, where set
     return max(arrivals * every + every, 2 * -(-arrivals * long_len // chunk))
 
 
 def chunked_pool_blocks(
-    budget: int, running: int, long_len: int, arrivals: int, every: int, steps: int, block_size: int, rounds: int = 3
+    budget: int,
+    mixed: int,
+    running: int,
+    long_len: int,
+    arrivals: int,
+    every: int,
+    steps: int,
+    block_size: int,
+    rounds: int = 3,
 ) -> int:
     """KV blocks that hold every running request's context to ``chunked_itl``'s end and one round's long prompts.
 
@@ -318,7 +328,7 @@ def chunked_pool_blocks(
     ran out in the third round at a 256-token budget, and the long prompts were preempted, admitted
     and preempted again for 15,000 steps (2026-11-28): the bench measures chunking, so its pool fits.
     """
-    window = chunked_window(budget, running, long_len, arrivals, every)
+    window = chunked_window(budget, mixed, running, long_len, arrivals, every)
     tokens = running * (RUNNING_PROMPT + WARMUP_STEPS + rounds * (steps + window)) + arrivals * long_len
     return -(-tokens // block_size) + running + arrivals  # a partial last block each
 
@@ -371,7 +381,8 @@ def chunked_itl(
     round_ratios: list[float] = []
     mixed_steps: list[int] = []
     finished: list[bool] = []
-    window = chunked_window(engine.config.max_num_batched_tokens, running, long_len, arrivals, every)
+    cfg = engine.config
+    window = chunked_window(cfg.max_num_batched_tokens, cfg.mixed_prefill_tokens, running, long_len, arrivals, every)
     for r in range(rounds):
         steady_r = timed_steps(steps)
         # built beforehand: a client's list, not the engine's work
@@ -401,7 +412,8 @@ def chunked_itl(
         "long_prompt_tokens": long_len,
         "arrivals": arrivals,
         "rounds": rounds,
-        "budget": engine.config.max_num_batched_tokens,
+        "budget": cfg.max_num_batched_tokens,
+        "mixed_prefill_tokens": cfg.mixed_prefill_tokens,
         "ratio": max(round_ratios),
         "round_ratios": round_ratios,
         "mixed_steps": mixed_steps,
@@ -473,6 +485,7 @@ def engine_config(device: str, smoke: bool) -> EngineConfig:
         max_model_len=8192 if not smoke else 512,
         kv_cache_memory_bytes=(10 << 30) if cuda else (256 << 20),
         cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256),
+        mixed_prefill_tokens=0,  # throughput-bound sections; ``chunked`` sets the engine's default
     )
 
 
@@ -489,6 +502,11 @@ def main() -> None:
         "--ttft-extra",
         default="",
         help="comma-separated prompt lengths timed like the 4k one (ttft_<n>), e.g. 4097,4104 for a cached tail of 1 and 8",
+    )
+    ap.add_argument(
+        "--chunked-mixed",
+        default=f"{EngineConfig().mixed_prefill_tokens},0",
+        help="comma-separated mixed_prefill_tokens the chunked section runs (0: the step budget alone)",
     )
     args = ap.parse_args()
     set_pdl(not args.no_pdl)
@@ -575,17 +593,26 @@ def main() -> None:
     if "ttft_profile" in only:  # a diagnostic, only when asked for by name
         run("ttft_4k_profile", lambda: ttft_profile(engine(), 128 if smoke else 4096))
     if want("chunked"):
-        # the step budget sets the chunk: 512 tokens (384 of prompt beside 128 decodes), and 256
+        # the engine's step budget (512) with each mixed_prefill_tokens asked for: the default
+        # (128 prompt tokens a step beside 128 decodes) and 0, where the budget alone sets the
+        # chunk (384 tokens); chunked_itl is the default's
         running, long_len, arrivals, every, steps = (4, 200, 2, 4, 5) if smoke else (128, 7680, 2, 20, 50)
-        for name, budget in (("chunked_itl", 512), ("chunked_itl_256", 256)):
-            b = budget // 8 if smoke else budget
-            blocks = chunked_pool_blocks(b, running, long_len, arrivals, every, steps, base.block_size)
+        default = EngineConfig()
+        b = default.max_num_batched_tokens // 8 if smoke else default.max_num_batched_tokens
+        for mixed in (int(v) for v in args.chunked_mixed.split(",")):
+            m = mixed // 8 if smoke else mixed
+            name = "chunked_itl" if mixed == default.mixed_prefill_tokens else f"chunked_itl_mixed{mixed}"
+            blocks = chunked_pool_blocks(b, m, running, long_len, arrivals, every, steps, base.block_size)
             run(
                 name,
                 partial(
-                    lambda b, blocks: chunked_itl(
+                    lambda m, blocks: chunked_itl(
                         engine(
-                            "none", max_num_batched_tokens=b, max_num_seqs=8 if smoke else 160, num_kv_blocks=blocks
+                            "none",
+                            max_num_batched_tokens=b,
+                            mixed_prefill_tokens=m,
+                            max_num_seqs=8 if smoke else 160,
+                            num_kv_blocks=blocks,
                         ),
                         running=running,
                         long_len=long_len,
@@ -593,7 +620,7 @@ def main() -> None:
                         every=every,
                         steps=steps,
                     ),
-                    b,
+                    m,
                     blocks,
                 ),
             )

@@ -72,7 +72,9 @@ def main() -> None:
     ap.add_argument("--gpu-seconds", default="", help="comma list: offline run durations measured on the GPU")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
-    base = EngineConfig(device="cpu", max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192)
+    base = EngineConfig(
+        device="cpu", max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, mixed_prefill_tokens=0
+    )
     reqs = offline_workload(VOCAB, a.requests, 100, 1024, seed=2)
     on: list[dict[str, float]] = []
     off: list[dict[str, float]] = []

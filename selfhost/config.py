@@ -97,6 +97,12 @@ class EngineConfig:
     """Longest prompt plus output; None takes ``min(model max, 8192)``."""
     long_prefill_token_threshold: int = 0
     """Largest prefill chunk of one request per step (0: only the step budget limits it)."""
+    mixed_prefill_tokens: int = 128
+    """Most tokens that prompt chunks (requests running more than one token) take in a step that also
+    runs decodes; 0: only the step budget limits them. A chunk's tokens cost the step far more than a
+    decode's, so this keeps the running requests' inter-token latency near their steady step while
+    long prompts arrive, yet a step with nothing decoding (a prompt alone) still fills the budget.
+    Throughput-bound offline runs set it to 0."""
     dtype: DType = "float32"
     """Weights, activations and KV cache dtype."""
     device: str = "cpu"
@@ -146,6 +152,8 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens <= 0:
             raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+        if self.mixed_prefill_tokens < 0:
+            raise ValueError(f"mixed_prefill_tokens must be 0 or positive, got {self.mixed_prefill_tokens}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.quant_group_size not in (32, 64, 128, 256):

@@ -7,7 +7,9 @@ max_tokens, max_model_len) after each step. Does not own the model, sampling, te
 One rule covers everything: a request has ``num_tokens`` token ids and ``num_computed_tokens`` of
 them in the KV cache; each step gives it ``min(num_tokens - num_computed_tokens, budget left)``
 tokens. A prefill is that rule with a large gap, a chunked prefill the same rule with a small
-budget, a prefix hit a head start on ``num_computed_tokens``, a decode a gap of one.
+budget, a prefix hit a head start on ``num_computed_tokens``, a decode a gap of one. In a step that
+also decodes, the chunks (gaps above one) share a smaller budget, ``mixed_prefill_tokens``: a
+long prompt then slows the running requests' steps by a bounded amount however long it is.
 
 ``schedule`` advances ``num_computed_tokens`` when it plans a step, and counts the token the step
 will sample as pending until ``update`` brings it back. So the next step can be planned while this
@@ -101,6 +103,7 @@ class Scheduler:
         budget = self.cfg.max_num_batched_tokens
         running, max_len = self.running, self.max_model_len
         allocate, add = self.kv.allocate_slots, batch.add
+        chunks = self._chunk_budget(budget)
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
@@ -110,7 +113,11 @@ class Scheduler:
             ):
                 i += 1  # its pending token finishes it: running it again would be wasted
                 continue
-            num_new = self._chunk(known + pending - request.num_computed_tokens, budget)
+            gap = known + pending - request.num_computed_tokens
+            num_new = self._chunk(gap, min(budget, chunks))
+            if num_new == 0:
+                i += 1  # a chunk with no chunk tokens left this step: the decodes after it still run
+                continue
             # NOTE(crossway): when blocks run out, preempt the newest running request (the end of
             # the list) and retry; a request can end up preempting itself. Victims always sit after
             # index i, so nothing already in this step's batch is preempted.
@@ -124,6 +131,8 @@ class Scheduler:
                 break
             add(request, num_new)
             budget -= num_new
+            if gap > 1:
+                chunks -= num_new
             i += 1
         if batch.preempted:
             return batch  # no admissions in a step that had to preempt
@@ -132,8 +141,9 @@ class Scheduler:
             if request.num_pending_tokens:
                 break  # preempted while its last step ran: admit it once that token is known
             hit = self.kv.find_prefix(request)
-            num_new = self._chunk(request.num_tokens - hit.num_tokens, budget)
-            if self.kv.allocate_slots(request, num_new, hit) is None:
+            gap = request.num_tokens - hit.num_tokens
+            num_new = self._chunk(gap, min(budget, chunks))
+            if num_new == 0 or self.kv.allocate_slots(request, num_new, hit) is None:
                 break
             self.waiting.popleft()
             request.num_computed_tokens = hit.num_tokens
@@ -144,7 +154,20 @@ class Scheduler:
             self.running.append(request)
             batch.add(request, num_new)
             budget -= num_new
+            if gap > 1:
+                chunks -= num_new
         return batch
+
+    def _chunk_budget(self, budget: int) -> int:
+        """Tokens this step's chunks may take: ``mixed_prefill_tokens`` if a running request decodes, else ``budget``."""
+        cap = self.cfg.mixed_prefill_tokens
+        if not cap or cap >= budget:
+            return budget
+        # NOTE(crossway): stops at the first decode, which in a busy step is the first request
+        for request in self.running:
+            if len(request.all_token_ids) + request.num_pending_tokens - request.num_computed_tokens == 1:
+                return cap
+        return budget
 
     def _chunk(self, remaining: int, budget: int) -> int:
         if remaining == 1:  # a decode: every running request, every step

@@ -294,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument(
+        "--mixed-prefill-tokens",
+        type=int,
+        default=128,
+        help="most prompt-chunk tokens in a step that also decodes (0: the step budget alone)",
+    )
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--num-kv-blocks", type=int, default=None)
     p.add_argument("--no-prefix-caching", action="store_true")
@@ -312,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         quantization=args.quantization,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        mixed_prefill_tokens=args.mixed_prefill_tokens,
         max_model_len=args.max_model_len,
         num_kv_blocks=args.num_kv_blocks,
         enable_prefix_caching=not args.no_prefix_caching,

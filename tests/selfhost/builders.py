@@ -19,7 +19,13 @@ def make_request(
 
 
 def make_scheduler(
-    *, num_blocks: int = 10, block_size: int = 4, budget: int = 16, max_num_seqs: int = 8, caching: bool = True
+    *,
+    num_blocks: int = 10,
+    block_size: int = 4,
+    budget: int = 16,
+    max_num_seqs: int = 8,
+    caching: bool = True,
+    mixed_prefill: int = 0,
 ) -> Scheduler:
     cfg = EngineConfig(
         block_size=block_size,
@@ -27,6 +33,7 @@ def make_scheduler(
         max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs,
         enable_prefix_caching=caching,
+        mixed_prefill_tokens=mixed_prefill,
     )
     kv = KVCacheManager(num_blocks, block_size, caching)
     return Scheduler(cfg, kv, max_model_len=num_blocks * block_size, eos_token_ids=[EOS])

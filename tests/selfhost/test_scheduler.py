@@ -21,6 +21,40 @@ def test_schedule_chunks_prefill_under_token_budget() -> None:
     assert s.kv.block_ids("c") == [6, 7, 8]
 
 
+def test_chunks_share_mixed_prefill_tokens_in_a_step_that_decodes() -> None:
+    s = make_scheduler(budget=32, num_blocks=40, mixed_prefill=6)
+    s.add_request(make_request("a", [ord("a")] * 4, max_tokens=20))
+    s.add_request(make_request("b", [ord("b")] * 40, max_tokens=2))
+    s.add_request(make_request("c", [ord("c")] * 40, max_tokens=2))
+    assert run_step(s) == [("a", 4), ("b", 28)]  # nothing decodes yet: the chunks fill the budget
+    assert run_step(s) == [("a", 1), ("b", 6)]  # a decodes: b's chunk and c's admission share 6 tokens
+    assert run_step(s) == [("a", 1), ("b", 6)]  # b's last 6 prompt tokens: it samples
+    assert run_step(s) == [("a", 1), ("b", 1), ("c", 6)]
+
+
+def test_chunk_with_no_mixed_tokens_left_waits_while_the_decodes_after_it_run() -> None:
+    s = make_scheduler(budget=32, num_blocks=40, mixed_prefill=6)
+    s.add_request(make_request("a", [ord("a")] * 20, max_tokens=4))
+    s.add_request(make_request("b", [ord("b")] * 20, max_tokens=4))
+    s.add_request(make_request("c", [ord("c")] * 4, max_tokens=4))
+    assert run_step(s) == [("a", 20), ("b", 12)]
+    s.add_request(make_request("d", [ord("d")] * 3, max_tokens=4))
+    assert run_step(s) == [("a", 1), ("b", 6)]  # c's and d's admissions wait for chunk tokens
+    assert run_step(s) == [("a", 1), ("b", 2), ("c", 4)]  # b's 2 and c's 4 make the 6
+    assert run_step(s) == [("a", 1), ("b", 1), ("c", 1), ("d", 3)]
+
+
+def test_prompt_alone_fills_the_whole_budget_and_zero_turns_the_cap_off() -> None:
+    capped = make_scheduler(budget=32, num_blocks=40, mixed_prefill=6)
+    uncapped = make_scheduler(budget=32, num_blocks=40, mixed_prefill=0)
+    for s in (capped, uncapped):
+        s.add_request(make_request("a", [ord("a")] * 3, max_tokens=8))
+        s.add_request(make_request("b", [ord("b")] * 60, max_tokens=1))
+        assert run_step(s) == [("a", 3), ("b", 29)]
+    assert run_step(capped) == [("a", 1), ("b", 6)]
+    assert run_step(uncapped) == [("a", 1), ("b", 31)]
+
+
 def test_schedule_respects_max_num_seqs() -> None:
     s = make_scheduler(budget=64, max_num_seqs=2, num_blocks=20)
     for rid in "abc":
@@ -129,9 +163,10 @@ def test_finish_aborts_waiting_and_running_and_frees_blocks() -> None:
     ),
     budget=st.integers(1, 40),
     num_blocks=st.integers(8, 24),
+    mixed_prefill=st.integers(0, 12),
 )
-def test_random_arrivals_and_aborts_never_leak_or_starve(ops, budget, num_blocks) -> None:
-    s = make_scheduler(num_blocks=num_blocks, block_size=4, budget=budget, max_num_seqs=4)
+def test_random_arrivals_and_aborts_never_leak_or_starve(ops, budget, num_blocks, mixed_prefill) -> None:
+    s = make_scheduler(num_blocks=num_blocks, block_size=4, budget=budget, max_num_seqs=4, mixed_prefill=mixed_prefill)
     s.max_model_len = num_blocks * 4
     live: list[str] = []
     for i, (op, size, max_tokens) in enumerate(ops):
