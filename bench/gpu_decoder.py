@@ -179,8 +179,8 @@ class Decoder:
         and KV write): timing bounds of a fusion only, the ids are then meaningless."""
         self.pairs: frozenset[str] = PAIRED
         """The int4 GEMVs (``layer_groups``' names) that read x as pairs (``kernels.int4_gemv.XPairs``)
-        written by the norm before them. The engine does so for qkv and gate_up; its LM head reads x,
-        since the runner picks the rows to sample after the final norm."""
+        written by the norm before them. The engine does so for qkv and gate_up, and for the LM head
+        in steps where every row samples (``LlamaForCausalLM.forward_logits``)."""
 
     def linear_bytes(self) -> int:
         """Bytes of all linear weights (the LM head included): what one decode step must read."""

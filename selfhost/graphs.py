@@ -225,7 +225,7 @@ class DecodeGraphs:
                 src = inputs[_SRC, :bs]
                 ids = torch.where(src >= 0, self._last_tokens[src.clamp(min=0)], inputs[_IDS, :bs])
                 pos = inputs[_POS, :bs]
-                return model.compute_logits(model(ids, pos, kv_caches, meta, kernels=True))  # (bs, V) fp32
+                return model.forward_logits(ids, pos, kv_caches, meta, kernels=True)  # (bs, V) fp32
 
             self._graphs[bs], self._logits[bs] = capture(step, device, pool)
             pool = self._graphs[bs].pool()

@@ -226,6 +226,8 @@ class ModelRunner:
             rows = upload(flat.pending_rows, torch.long, self.device)
             token_ids[rows] = self.last_tokens[upload(flat.pending_sources, torch.long, self.device)]
         pos = upload(flat.positions, torch.long, self.device)
+        if len(flat.logits_rows) == n:  # a row a request, each sampling: rows 0 .. n - 1 in order
+            return self.model.forward_logits(token_ids, pos, self.kv_caches, meta, kernels=self.use_kernels)
         hidden = self.model(token_ids, pos, self.kv_caches, meta, kernels=self.use_kernels)  # (N, C)
         return self.model.compute_logits(hidden[upload(flat.logits_rows, torch.long, self.device)])  # (S, V)
 

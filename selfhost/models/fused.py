@@ -44,6 +44,7 @@ def forward(
     meta: ops.AttentionMetadata,
     *,
     decode_prefix: int | None = None,
+    head_pairs: XPairs | None = None,
 ) -> torch.Tensor:
     """``LlamaForCausalLM.forward`` on the kernels: ``(N,)`` ids at ``(N,)`` positions -> normed hidden ``(N, C)``.
 
@@ -55,6 +56,9 @@ def forward(
     path instead: the decode kernel over rows ``[0, decode_prefix)`` (``meta.decode_lens`` 0 on
     rows that are not decode rows), then the prefill kernel over ``meta.prefill_batch`` with its
     grid sized by ``max_query_len`` alone; again only shapes steer the launches.
+
+    ``head_pairs``: room the final norm fills with its output as the LM head's int4 GEMV reads it
+    (``LlamaForCausalLM.forward_logits``, where every row's logits are wanted).
     """
     eps = model.cfg.rms_norm_eps
     half = model.cfg.head_dim // 2
@@ -73,7 +77,7 @@ def forward(
         pairs = layer.mlp.gate_up.x_pairs(N, x.dtype)
         h, residual = rms_norm_residual(x, residual, layer.mlp_norm, eps, pairs=pairs)
         x = layer.mlp.down(layer.mlp.gate_up(h, glu=True, pairs=pairs))
-    out, _ = rms_norm_residual(x, residual, model.norm, eps)
+    out, _ = rms_norm_residual(x, residual, model.norm, eps, pairs=head_pairs)
     return out
 
 

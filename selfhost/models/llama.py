@@ -203,6 +203,29 @@ class LlamaForCausalLM(nn.Module):
         logits: torch.Tensor = self.lm_head(hidden)
         return logits.float()
 
+    def forward_logits(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: ops.AttentionMetadata,
+        kernels: bool = False,
+    ) -> torch.Tensor:
+        """``compute_logits(forward(...))`` of every row, ``(N, vocab)`` fp32: a step in which every row samples.
+
+        On the kernels the final norm also writes its output as the LM head's int4 GEMV reads it
+        (``Linear.x_pairs``), as each layer's norms do for qkv and gate_up; where rows are picked
+        after the norm (``compute_logits`` of some rows), the LM head reads x.
+        """
+        if not kernels:
+            return self.compute_logits(self.forward(input_ids, positions, kv_caches, meta))
+        from selfhost.models import fused  # imports triton: only where kernels run
+
+        pairs = self.lm_head.x_pairs(input_ids.shape[0], self.embed.dtype)
+        hidden = fused.forward(self, input_ids, positions, kv_caches, meta, head_pairs=pairs)
+        logits: torch.Tensor = self.lm_head(hidden, pairs=pairs)
+        return logits.float()
+
     def linears(self) -> list[Linear]:
         """Every linear layer, the LM head last."""
         return [m for m in self.modules() if isinstance(m, Linear) and m is not self.lm_head] + [self.lm_head]

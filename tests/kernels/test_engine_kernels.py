@@ -93,7 +93,7 @@ def test_cuda_graph_steps_equal_eager_steps() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the int4 GEMV reads x as pairs only on a GPU")
 def test_int4_engine_with_x_pairs_equals_it_without(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A shape wide enough for the int4 half2 GEMV: its norms hand it x as pairs, and greedy ids do not move."""
+    """A shape wide enough for the int4 half2 GEMV: its norms (the final one too) hand it x as pairs, and greedy ids do not move."""
     wide = replace(TINY, hidden_size=2048, intermediate_size=4096, num_heads=16, num_kv_heads=4, head_dim=128)
     gen = torch.Generator().manual_seed(0)
     model = LlamaForCausalLM(wide, 256)
@@ -108,6 +108,7 @@ def test_int4_engine_with_x_pairs_equals_it_without(monkeypatch: pytest.MonkeyPa
     layer = model.decoder_layers()[0]
     assert layer.attn.qkv.x_pairs(1, torch.bfloat16) is not None
     assert layer.mlp.gate_up.x_pairs(1, torch.bfloat16) is not None
+    assert model.lm_head.x_pairs(1, torch.bfloat16) is not None  # the final norm's, in every decode step
 
     def run() -> list[list[int]]:
         cfg = EngineConfig(
