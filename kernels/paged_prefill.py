@@ -38,15 +38,14 @@ import torch
 
 from kernels import reference
 from kernels._common import (
-    MAX_SPLITS,
     can_launch,
     check,
     check_dtype,
     check_last_contiguous,
     dot_in_fp32,
     next_pow2,
-    num_sms,
     pdl_args,
+    split_count,
     tl,
     triton,
 )
@@ -465,17 +464,12 @@ MAX_PARTIAL_BYTES = 64 << 20
 
 
 def default_splits(num_kv_heads: int, query_tiles: int, device: torch.device) -> int:
-    """Key splits per query tile: as many as keep one sequence's tiles within two programs per multiprocessor.
+    """Key splits per query tile: enough for two programs per multiprocessor from one sequence's tiles.
 
     NOTE(h7): counted for one sequence although the grid has a column per sequence slot: the step
     graphs size the grid for 8 slots that are mostly idle, and a chunk or a prefix hit's tail
     behind a long context is one sequence whose few tiles would each walk the whole context (a
     16-token tail over 4k cached tokens: one program per KV head). A long prompt has tiles enough
     and gets no split. Bounded by ``kernels._common.MAX_SPLITS``.
-    NOTE(h7): rounded down, unlike the decode kernel's ``split_count``: a split more than fits
-    starts a second wave that a few programs hold. On the H200 (2026-11-28, ``docs/benchmarks.md``)
-    the 8B shape's 128-token chunk behind 7,680 tokens (64 tiles over the KV heads) took 105 us at
-    5 splits (320 programs), 66.7 at 4 (256) and 76 at 8 (two full waves); SmolLM2's (12 tiles)
-    gets 22 either way.
     """
-    return max(1, min(MAX_SPLITS, 2 * num_sms(device) // max(1, num_kv_heads * query_tiles)))
+    return split_count(num_kv_heads * query_tiles, device)
