@@ -70,22 +70,28 @@ def model_config(shape: Shape) -> ModelConfig:
     )
 
 
-def random_engine(model_cfg: ModelConfig, cfg: EngineConfig) -> LLMEngine:
-    """An engine over a model of this shape with random weights (std 0.02), built in the engine's dtype on its device."""
+def random_model(model_cfg: ModelConfig, dtype: DType, device: str, max_len: int) -> LlamaForCausalLM:
+    """A model of this shape built in ``dtype`` on ``device``: weights N(0, 0.02), norms 1, seed 0."""
     default = torch.get_default_dtype()
-    torch.set_default_dtype(loader.torch_dtype(cfg.dtype))
+    torch.set_default_dtype(loader.torch_dtype(dtype))
     try:
-        with torch.device(cfg.device):
-            model = LlamaForCausalLM(model_cfg, cfg.max_model_len or model_cfg.max_position_embeddings)
+        with torch.device(device):
+            model = LlamaForCausalLM(model_cfg, max_len)
     finally:
         torch.set_default_dtype(default)
-    gen = torch.Generator(cfg.device).manual_seed(0)
+    gen = torch.Generator(device).manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
+    return model
+
+
+def random_engine(model_cfg: ModelConfig, cfg: EngineConfig) -> LLMEngine:
+    """An engine over a model of this shape with random weights (``random_model``), in the engine's dtype on its device."""
+    model = random_model(model_cfg, cfg.dtype, cfg.device, cfg.max_model_len or model_cfg.max_position_embeddings)
     return LLMEngine(model, model_cfg, None, cfg, model_name="llama3-8b-random")
 
 

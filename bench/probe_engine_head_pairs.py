@@ -19,34 +19,13 @@ from typing import Any
 
 import torch
 
-from bench.engine_gpu_smollm import batch1_ms_per_token, model_config
+from bench.engine_gpu_smollm import batch1_ms_per_token, model_config, random_model
 from bench.gpu_decoder import LLAMA3_8B
 from selfhost.config import EngineConfig
 from selfhost.engine import LLMEngine
-from selfhost.models.llama import LlamaForCausalLM
 from selfhost.sampling import SamplingParams
 
 GROUP = 128
-
-
-def random_int4_model(seed: int = 0) -> LlamaForCausalLM:
-    """The 8B shape in bf16 on the GPU, weights N(0, 0.02) and norms 1 (as ``engine_gpu_smollm.random_engine``), then int4."""
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            model = LlamaForCausalLM(model_config(LLAMA3_8B), 4096)
-    finally:
-        torch.set_default_dtype(default)
-    gen = torch.Generator("cuda").manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    model.quantize("int4", GROUP, kernels=True)
-    return model
 
 
 def main() -> None:
@@ -66,7 +45,8 @@ def main() -> None:
         cuda_graph_batch_sizes=(1, 2, 4, 8),
     )
     mc = model_config(LLAMA3_8B)
-    model = random_int4_model()
+    model = random_model(mc, "bfloat16", "cuda", 4096)
+    model.quantize("int4", GROUP, kernels=True)
     if model.lm_head.x_pairs(1, torch.bfloat16) is None:
         raise SystemExit("the LM head's GEMV reads x here (no half2 loop): nothing to compare")
     engines = {"pairs": LLMEngine(model, mc, None, cfg, model_name="pairs")}

@@ -27,7 +27,7 @@ def test_chunks_share_mixed_prefill_tokens_in_a_step_that_decodes() -> None:
     s.add_request(make_request("b", [ord("b")] * 40, max_tokens=2))
     s.add_request(make_request("c", [ord("c")] * 40, max_tokens=2))
     assert run_step(s) == [("a", 4), ("b", 28)]  # nothing decodes yet: the chunks fill the budget
-    assert run_step(s) == [("a", 1), ("b", 6)]  # a decodes: b's chunk and c's admission share 6 tokens
+    assert run_step(s) == [("a", 1), ("b", 6)]  # a decodes: b's chunk takes the 6 chunk tokens, c waits
     assert run_step(s) == [("a", 1), ("b", 6)]  # b's last 6 prompt tokens: it samples
     assert run_step(s) == [("a", 1), ("b", 1), ("c", 6)]
 
