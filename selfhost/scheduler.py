@@ -114,10 +114,14 @@ class Scheduler:
                 i += 1  # its pending token finishes it: running it again would be wasted
                 continue
             gap = known + pending - request.num_computed_tokens
-            num_new = self._chunk(gap, min(budget, chunks))
-            if num_new == 0:
-                i += 1  # a chunk with no chunk tokens left this step: the decodes after it still run
-                continue
+            if gap == 1:  # a decode: every running request, every step
+                num_new = 1
+            else:
+                num_new = self._chunk(gap, budget, chunks)
+                if num_new == 0:
+                    i += 1  # no chunk tokens left this step: the decodes after it still run
+                    continue
+                chunks -= num_new
             # NOTE(crossway): when blocks run out, preempt the newest running request (the end of
             # the list) and retry; a request can end up preempting itself. Victims always sit after
             # index i, so nothing already in this step's batch is preempted.
@@ -131,8 +135,6 @@ class Scheduler:
                 break
             add(request, num_new)
             budget -= num_new
-            if gap > 1:
-                chunks -= num_new
             i += 1
         if batch.preempted:
             return batch  # no admissions in a step that had to preempt
@@ -142,7 +144,7 @@ class Scheduler:
                 break  # preempted while its last step ran: admit it once that token is known
             hit = self.kv.find_prefix(request)
             gap = request.num_tokens - hit.num_tokens
-            num_new = self._chunk(gap, min(budget, chunks))
+            num_new = 1 if gap == 1 else self._chunk(gap, budget, chunks)  # one token: a full hit, or a 1-token prompt
             if num_new == 0 or self.kv.allocate_slots(request, num_new, hit) is None:
                 break
             self.waiting.popleft()
@@ -169,11 +171,9 @@ class Scheduler:
                 return cap
         return budget
 
-    def _chunk(self, remaining: int, budget: int) -> int:
-        if remaining == 1:  # a decode: every running request, every step
-            return 1
-        limit = self.cfg.long_prefill_token_threshold or remaining
-        return min(remaining, budget, limit)
+    def _chunk(self, remaining: int, budget: int, chunks: int) -> int:
+        """Tokens of a request that has ``remaining`` (more than one) to run: 0 when the step has none left for it."""
+        return min(remaining, budget, chunks, self.cfg.long_prefill_token_threshold or remaining)
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
