@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from selfhost.config import EngineConfig
 from selfhost.request import RequestStatus
 from tests.selfhost.builders import EOS, make_request, make_scheduler, run_step
 
@@ -53,6 +55,11 @@ def test_prompt_alone_fills_the_whole_budget_and_zero_turns_the_cap_off() -> Non
         assert run_step(s) == [("a", 3), ("b", 29)]
     assert run_step(capped) == [("a", 1), ("b", 6)]
     assert run_step(uncapped) == [("a", 1), ("b", 31)]
+
+
+def test_negative_mixed_prefill_tokens_is_refused() -> None:
+    with pytest.raises(ValueError, match="mixed_prefill_tokens must be 0 or positive, got -1"):
+        EngineConfig(mixed_prefill_tokens=-1)
 
 
 def test_schedule_respects_max_num_seqs() -> None:
