@@ -489,7 +489,7 @@ def engine_config(device: str, smoke: bool) -> EngineConfig:
         max_num_seqs=256 if not smoke else 8,
         max_num_batched_tokens=8192 if not smoke else 256,
         max_model_len=8192 if not smoke else 512,
-        kv_cache_memory_bytes=(10 << 30) if cuda else (256 << 20),
+        kv_cache_memory_bytes=(10 << 30) if cuda else ((256 << 20) if smoke else (1 << 30)),  # 8k tokens: 0.4 GiB fp32
         cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256),
         mixed_prefill_tokens=0,  # throughput-bound sections; ``chunked`` sets the engine's default
     )
@@ -513,6 +513,11 @@ def main() -> None:
         "--chunked-mixed",
         default=f"{EngineConfig().mixed_prefill_tokens},0",
         help="comma-separated mixed_prefill_tokens the chunked section runs (0: the step budget alone)",
+    )
+    ap.add_argument(
+        "--chunked-load",
+        default="",
+        help="RUNNING,PROMPT: decoding requests and long-prompt tokens of the chunked section (default 128,7680)",
     )
     args = ap.parse_args()
     set_pdl(not args.no_pdl)
@@ -603,6 +608,8 @@ def main() -> None:
         # (128 prompt tokens a step beside 128 decodes) and 0, where the budget alone sets the
         # chunk (384 tokens); chunked_itl is the default's
         running, long_len, arrivals, every, steps = (4, 200, 2, 4, 5) if smoke else (128, 7680, 2, 20, 50)
+        if args.chunked_load:
+            running, long_len = (int(v) for v in args.chunked_load.split(","))
         default = EngineConfig()
         b = default.max_num_batched_tokens // 8 if smoke else default.max_num_batched_tokens
         for mixed in (int(v) for v in args.chunked_mixed.split(",")):
