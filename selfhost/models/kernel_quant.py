@@ -78,10 +78,8 @@ def quantize(weight: torch.Tensor, mode: Quantization, group_size: int) -> Kerne
     return None
 
 
-def x_pairs(qw: KernelWeight, m: int, dtype: torch.dtype) -> XPairs | None:
+def x_pairs(qw: KernelInt4Weight, m: int, dtype: torch.dtype) -> XPairs | None:
     """Room for ``m`` rows of x as ``qw``'s int4 GEMV reads them (``kernels.int4_gemv.XPairs``), or None where it reads x."""
-    if not isinstance(qw, KernelInt4Weight):
-        return None
     from kernels.int4_matmul import pairs_for
 
     return pairs_for(m, qw.packed, qw.group_size, dtype)
