@@ -279,29 +279,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="crossway engine", description="Serve a model with Crossway's engine (OpenAI API)."
     )
+    d = EngineConfig()  # the flags' defaults are the config's own
     p.add_argument("--model", default="smollm2", help="'smollm2', a GGUF file or a Hugging Face folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8001)
     p.add_argument("--served-model-name", default="")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=d.device)
     p.add_argument(
         "--quantization",
-        default="none",
+        default=d.quantization,
         choices=["none", "int8", "int4", "gguf"],
         help="weight-only quantization of the linear layers: int8 per channel or int4 per group of 32; "
         "gguf: a GGUF file's own Q4_1 / Q8_0 blocks on the Triton kernels (CUDA)",
     )
-    p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
     p.add_argument(
         "--mixed-prefill-tokens",
         type=int,
-        default=128,
+        default=d.mixed_prefill_tokens,
         help="most prompt-chunk tokens in a step that also decodes (0: the step budget alone)",
     )
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument("--num-kv-blocks", type=int, default=d.num_kv_blocks)
     p.add_argument("--no-prefix-caching", action="store_true")
     return p
 

@@ -13,6 +13,7 @@ import pytest
 import uvicorn
 
 from selfhost.async_engine import AsyncEngine
+from selfhost.config import EngineConfig
 from selfhost.server import build_parser, create_app
 from tests.selfhost.conftest import make_engine
 
@@ -121,3 +122,16 @@ def test_errors_are_openai_shaped(client: openai.OpenAI) -> None:
 def test_cli_parser_defaults() -> None:
     args = build_parser().parse_args(["--model", "smollm2", "--port", "9000"])
     assert (args.model, args.host, args.port) == ("smollm2", "127.0.0.1", 9000)
+
+
+def test_cli_flags_default_to_the_engine_config() -> None:
+    args = build_parser().parse_args([])
+    d = EngineConfig()
+    assert (args.dtype, args.device, args.quantization) == (d.dtype, d.device, d.quantization)
+    assert (args.max_num_seqs, args.max_num_batched_tokens) == (d.max_num_seqs, d.max_num_batched_tokens)
+    assert (args.mixed_prefill_tokens, args.max_model_len, args.num_kv_blocks) == (
+        d.mixed_prefill_tokens,
+        d.max_model_len,
+        d.num_kv_blocks,
+    )
+    assert args.no_prefix_caching is not d.enable_prefix_caching
