@@ -50,7 +50,12 @@ if triton is not None:
         top = tl.max(keys, 0)
         return top, tl.min(tl.where(keys == top, idx, 2147483647), 0)
 
-    @triton.jit
+    # NOTE(h7): the row count is not specialised on. The sampler runs this kernel outside the step's
+    # CUDA graph, on as many rows as the step samples. Specialised (B == 1, B % 16 == 0), the first
+    # 129-row step of a SmolLM2 engine process (128 decodes and a prompt's last chunk) stopped
+    # 258 ms for a compile on a fresh H100 machine, and 3-4 ms in each later process for the cached
+    # variant's load (2026-12-06, docs/benchmarks.md). B only offsets the partials.
+    @triton.jit(do_not_specialize=["B"])
     def _argmax_kernel(
         x_ptr,  # (B, V) scores
         out_ptr,  # (B,) int64 picks
