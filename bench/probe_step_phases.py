@@ -1,0 +1,121 @@
+"""The chunked-prefill bench's steps taken apart on the host: where a slow step's time went.
+
+Runs ``bench.engine_gpu_smollm.chunked_itl`` (128 requests decoding while two 7,680-token prompts
+arrive, the engine's default ``mixed_prefill_tokens``) with each engine step's host phases timed:
+``schedule``, ``execute`` (the launch of the step's graph, or its eager kernels), ``resolve`` (the
+wait for the step before's picks), ``update``, ``outputs``, any garbage-collector pass (and its
+generation), what is left of the step outside those (``rest``: the sampler's launch, the metrics),
+and which graphs the step replayed (``S`` step graphs, ``D`` decode graphs, empty: eager). Prints
+the slowest steps; writes every step to JSON. The wrappers add host time to every step, so the
+ratios it prints are not the bench's. GPU, or ``--device cpu`` to check the code.
+
+    python -m bench.probe_step_phases --json $OUT/step_phases.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bench.engine_gpu_smollm import chunked_itl, chunked_pool_blocks, engine_config
+from selfhost import sampling
+from selfhost.config import EngineConfig
+from selfhost.engine import LLMEngine
+
+PHASES = ("schedule", "execute", "resolve", "update", "outputs", "gc")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--load", default="128,7680", help="RUNNING,PROMPT as the chunked bench's --chunked-load")
+    ap.add_argument("--json", default="bench/results/step_phases.json")
+    a = ap.parse_args()
+    running, long_len = (int(v) for v in a.load.split(","))
+    default = EngineConfig()
+    # the chunked section's engine: the default budget and cap, 160 sequences, a pool for its load
+    cfg = replace(
+        engine_config(a.device, False),
+        max_num_batched_tokens=default.max_num_batched_tokens,
+        mixed_prefill_tokens=default.mixed_prefill_tokens,
+        max_num_seqs=160,
+    )
+    blocks = chunked_pool_blocks(
+        cfg.max_num_batched_tokens, cfg.mixed_prefill_tokens, running, long_len, 2, 20, 50, cfg.block_size
+    )
+    assert cfg.max_model_len is not None  # narrowing: engine_config sets it
+    blocks = max(blocks, -(-cfg.max_model_len // cfg.block_size))
+    engine = LLMEngine.from_model(a.model, replace(cfg, num_kv_blocks=blocks))
+    cur: dict[str, Any] = {}
+
+    def timed(obj: object, name: str, key: str) -> None:
+        fn = getattr(obj, name)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                cur[key] = cur.get(key, 0.0) + (time.perf_counter() - t) * 1e3
+
+        setattr(obj, name, wrapper)
+
+    timed(engine.scheduler, "schedule", "schedule")
+    timed(engine.scheduler, "update", "update")
+    timed(engine.outputs, "process_step", "outputs")
+    timed(engine.runner, "execute", "execute")
+    timed(sampling.PendingSample, "resolve", "resolve")
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            cur["_gc_start"] = time.perf_counter()
+        else:
+            cur["gc"] = cur.get("gc", 0.0) + (time.perf_counter() - cur["_gc_start"]) * 1e3
+            cur["gc_generation"] = info["generation"]
+
+    gc.callbacks.append(on_gc)
+    steps: list[dict[str, Any]] = []
+    step = engine.step
+
+    def replays() -> tuple[int, int]:
+        sg, dg = engine.runner.step_graphs, engine.runner.graphs
+        return (sg.num_replays if sg else 0, dg.num_replays if dg else 0)
+
+    def traced_step() -> Any:
+        cur.clear()
+        before = replays()
+        t = time.perf_counter()
+        out = step()
+        total = (time.perf_counter() - t) * 1e3
+        after = replays()
+        rec = {k: round(v, 3) if isinstance(v, float) else v for k, v in cur.items() if not k.startswith("_")}
+        rec["rest"] = round(total - sum(cur.get(p, 0.0) for p in PHASES), 3)
+        rec["step"] = round(total, 3)
+        rec["path"] = ("S" if after[0] > before[0] else "") + ("D" if after[1] > before[1] else "")
+        steps.append(rec)
+        return out
+
+    engine.step = traced_step  # type: ignore[method-assign]
+    try:
+        result = chunked_itl(engine, running, long_len, 2, 20, 50)
+    finally:
+        gc.callbacks.remove(on_gc)
+    keep = ("round_ratios", "steady_step_ms", "mixed_median_ms", "mixed_slowest")
+    print({k: v for k, v in result.items() if k in keep})
+    for i in sorted(sorted(range(len(steps)), key=lambda i: -steps[i]["step"])[:12]):
+        print(i, steps[i])
+    print("gc passes:", [(i, s["gc_generation"], s["gc"]) for i, s in enumerate(steps) if "gc" in s])
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps({"chunked": result, "steps": steps}, default=str))
+
+
+if __name__ == "__main__":
+    main()
