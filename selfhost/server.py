@@ -312,7 +312,17 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     args = build_parser().parse_args(argv)
-    config = EngineConfig(
+    engine = AsyncEngine.from_model(args.model, engine_config(args))
+    try:
+        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="info")
+    finally:
+        engine.close()
+    return 0
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine's settings from ``crossway engine``'s parsed flags."""
+    return EngineConfig(
         served_model_name=args.served_model_name or ("smollm2" if args.model == "smollm2" else ""),
         dtype=args.dtype,
         device=args.device,
@@ -324,9 +334,3 @@ def main(argv: list[str] | None = None) -> int:
         num_kv_blocks=args.num_kv_blocks,
         enable_prefix_caching=not args.no_prefix_caching,
     )
-    engine = AsyncEngine.from_model(args.model, config)
-    try:
-        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="info")
-    finally:
-        engine.close()
-    return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import httpx
@@ -14,7 +15,7 @@ import uvicorn
 
 from selfhost.async_engine import AsyncEngine
 from selfhost.config import EngineConfig
-from selfhost.server import build_parser, create_app
+from selfhost.server import build_parser, create_app, engine_config
 from tests.selfhost.conftest import make_engine
 
 if TYPE_CHECKING:
@@ -124,14 +125,26 @@ def test_cli_parser_defaults() -> None:
     assert (args.model, args.host, args.port) == ("smollm2", "127.0.0.1", 9000)
 
 
-def test_cli_flags_default_to_the_engine_config() -> None:
-    args = build_parser().parse_args([])
-    d = EngineConfig()
-    assert (args.dtype, args.device, args.quantization) == (d.dtype, d.device, d.quantization)
-    assert (args.max_num_seqs, args.max_num_batched_tokens) == (d.max_num_seqs, d.max_num_batched_tokens)
-    assert (args.mixed_prefill_tokens, args.max_model_len, args.num_kv_blocks) == (
-        d.mixed_prefill_tokens,
-        d.max_model_len,
-        d.num_kv_blocks,
+def test_cli_without_flags_gives_the_engine_config_defaults() -> None:
+    config = engine_config(build_parser().parse_args([]))
+    assert config == replace(EngineConfig(), served_model_name="smollm2")
+
+
+def test_cli_flags_reach_the_engine_config() -> None:
+    argv = ["--model", "m.gguf", "--dtype", "bfloat16", "--device", "cuda", "--quantization", "int4"]
+    argv += ["--max-num-seqs", "7", "--max-num-batched-tokens", "300", "--mixed-prefill-tokens", "0"]
+    argv += ["--max-model-len", "1024", "--num-kv-blocks", "99", "--no-prefix-caching", "--served-model-name", "x"]
+    config = engine_config(build_parser().parse_args(argv))
+    assert config == replace(
+        EngineConfig(),
+        served_model_name="x",
+        dtype="bfloat16",
+        device="cuda",
+        quantization="int4",
+        max_num_seqs=7,
+        max_num_batched_tokens=300,
+        mixed_prefill_tokens=0,
+        max_model_len=1024,
+        num_kv_blocks=99,
+        enable_prefix_caching=False,
     )
-    assert args.no_prefix_caching is not d.enable_prefix_caching
