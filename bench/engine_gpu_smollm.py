@@ -307,6 +307,11 @@ RUNNING_PROMPT = 64
 """Prompt tokens of each running request in ``chunked_itl``."""
 WARMUP_STEPS = 5
 """Untimed all-decode steps ``chunked_itl`` runs before its first round."""
+CHUNKED_LOAD = (128, 7680, 2, 20, 50)
+"""The chunked section's running requests, long-prompt tokens, arrivals a round, steps between
+arrivals and steady steps a round (``chunked_itl``'s arguments)."""
+CHUNKED_MAX_SEQS = 160
+"""The chunked section's engine's ``max_num_seqs``: room for the running requests and the prompts."""
 
 
 def chunked_window(budget: int, mixed: int, running: int, long_len: int, arrivals: int, every: int) -> int:
@@ -607,7 +612,7 @@ def main() -> None:
         # the engine's step budget (512) with each mixed_prefill_tokens asked for: the default
         # (128 prompt tokens a step beside 128 decodes) and 0, where the budget alone sets the
         # chunk (384 tokens); chunked_itl is the default's
-        running, long_len, arrivals, every, steps = (4, 200, 2, 4, 5) if smoke else (128, 7680, 2, 20, 50)
+        running, long_len, arrivals, every, steps = (4, 200, 2, 4, 5) if smoke else CHUNKED_LOAD
         if args.chunked_load:
             running, long_len = (int(v) for v in args.chunked_load.split(","))
         default = EngineConfig()
@@ -624,7 +629,7 @@ def main() -> None:
                             "none",
                             max_num_batched_tokens=b,
                             mixed_prefill_tokens=m,
-                            max_num_seqs=8 if smoke else 160,
+                            max_num_seqs=8 if smoke else CHUNKED_MAX_SEQS,
                             num_kv_blocks=blocks,
                         ),
                         running=running,

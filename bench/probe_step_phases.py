@@ -4,8 +4,8 @@ Runs ``bench.engine_gpu_smollm.chunked_itl`` (128 requests decoding while two 7,
 arrive, the engine's default ``mixed_prefill_tokens``) with each engine step's host phases timed:
 ``schedule``, ``execute`` (the launch of the step's graph, or its eager kernels), ``resolve`` (the
 wait for the step before's picks), ``update``, ``outputs``, any garbage-collector pass (and its
-generation), what is left of the step outside those (``rest``: the sampler's launch, the metrics),
-and which graphs the step replayed (``S`` step graphs, ``D`` decode graphs, empty: eager). Prints
+generation; a pass inside a phase counts in both, so ``rest`` is then short by it), what is left of
+the step outside those (``rest``: the sampler's launch, the metrics), and which graphs the step replayed (``S`` step graphs, ``D`` decode graphs, empty: eager). Prints
 the slowest steps; writes every step to JSON. The wrappers add host time to every step, so the
 ratios it prints are not the bench's. GPU, or ``--device cpu`` to check the code.
 
@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.engine_gpu_smollm import chunked_itl, chunked_pool_blocks, engine_config
+from bench.engine_gpu_smollm import CHUNKED_LOAD, CHUNKED_MAX_SEQS, chunked_itl, chunked_pool_blocks, engine_config
 from selfhost import sampling
 from selfhost.config import EngineConfig
 from selfhost.engine import LLMEngine
@@ -35,20 +35,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--load", default="128,7680", help="RUNNING,PROMPT as the chunked bench's --chunked-load")
+    ap.add_argument(
+        "--load",
+        default=f"{CHUNKED_LOAD[0]},{CHUNKED_LOAD[1]}",
+        help="RUNNING,PROMPT as the chunked bench's --chunked-load",
+    )
     ap.add_argument("--json", default="bench/results/step_phases.json")
     a = ap.parse_args()
     running, long_len = (int(v) for v in a.load.split(","))
+    arrivals, every, steps_a_round = CHUNKED_LOAD[2:]
     default = EngineConfig()
-    # the chunked section's engine: the default budget and cap, 160 sequences, a pool for its load
+    # the chunked section's engine: the default budget and cap, its sequences, a pool for its load
     cfg = replace(
         engine_config(a.device, False),
         max_num_batched_tokens=default.max_num_batched_tokens,
         mixed_prefill_tokens=default.mixed_prefill_tokens,
-        max_num_seqs=160,
+        max_num_seqs=CHUNKED_MAX_SEQS,
     )
     blocks = chunked_pool_blocks(
-        cfg.max_num_batched_tokens, cfg.mixed_prefill_tokens, running, long_len, 2, 20, 50, cfg.block_size
+        cfg.max_num_batched_tokens,
+        cfg.mixed_prefill_tokens,
+        running,
+        long_len,
+        arrivals,
+        every,
+        steps_a_round,
+        cfg.block_size,
     )
     assert cfg.max_model_len is not None  # narrowing: engine_config sets it
     blocks = max(blocks, -(-cfg.max_model_len // cfg.block_size))
@@ -105,7 +117,7 @@ def main() -> None:
 
     engine.step = traced_step  # type: ignore[method-assign]
     try:
-        result = chunked_itl(engine, running, long_len, 2, 20, 50)
+        result = chunked_itl(engine, running, long_len, arrivals, every, steps_a_round)
     finally:
         gc.callbacks.remove(on_gc)
     keep = ("round_ratios", "steady_step_ms", "mixed_median_ms", "mixed_slowest")
