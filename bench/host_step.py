@@ -16,6 +16,7 @@ whole loop, the hand-over of each step's outputs to the event loop included.
 
     python -m bench.host_step --requests 256 --windows 5 [--stream] --json /tmp/host_step.json
     python -m bench.host_step --requests 256 --windows 5 --through-async [--stream]
+    python -m bench.host_step --requests 128 --windows 6 --steps 48 --cohort   # blocks filling together
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bench.engine_gpu_smollm import _add_workload, engine_config, offline_workload, prefills_done
+from bench.engine_gpu_smollm import RUNNING_PROMPT, _add_workload, engine_config, offline_workload, prefills_done
 from selfhost import engine as engine_module
 from selfhost import sampling
 from selfhost.async_engine import AsyncEngine
@@ -88,7 +89,14 @@ class _RandomPicks(sampling.PendingSample):
 
 
 def measure(
-    requests: int, windows: int, steps: int, kv_gib: int = 12, *, through_async: bool = False, stream: bool = False
+    requests: int,
+    windows: int,
+    steps: int,
+    kv_gib: int = 12,
+    *,
+    through_async: bool = False,
+    stream: bool = False,
+    cohort: bool = False,
 ) -> dict[str, Any]:
     """Prefill ``requests`` of the GPU bench's offline workload, then time ``windows`` windows of ``steps`` decode steps.
 
@@ -96,8 +104,12 @@ def measure(
     ``through_async`` runs the requests through ``AsyncEngine`` (the server's front: its engine
     thread, and an event loop whose tasks consume every request's outputs) and times the engine
     thread's whole loop, the hand-over of outputs included. ``stream`` gives each request an
-    output every step (a streaming client's), else one when it finishes.
+    output every step (a streaming client's), else one when it finishes. ``cohort`` runs the
+    chunked-prefill bench's running set instead (prompts of ``RUNNING_PROMPT`` tokens admitted in
+    one step), whose requests fill a KV block in the same step.
     """
+    if cohort and through_async:
+        raise ValueError("--cohort runs on the engine alone, not through the async front")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the GPU host's copies are asynchronous: no intra-op threads in the figure
     try:
@@ -105,7 +117,7 @@ def measure(
         if through_async:
             out = asyncio.run(_windows_through_async(engine, requests, windows, steps, stream))
         else:
-            out = _windows(engine, requests, windows, steps, stream)
+            out = _windows(engine, requests, windows, steps, stream, cohort)
     finally:
         torch.set_num_threads(threads)
         engine_module.PendingSample = sampling.PendingSample  # type: ignore[attr-defined]
@@ -114,6 +126,7 @@ def measure(
         "steps": steps,
         "through_async": through_async,
         "streamed": stream,
+        "cohort": cohort,
         "windows": out,
         "replays": graphs.num_replays,
         "median_cpu_ms_per_step": statistics.median(w["cpu_ms_per_step"] for w in out),
@@ -132,20 +145,35 @@ def _host_engine(kv_gib: int) -> tuple[LLMEngine, _HostGraphs]:
     return engine, graphs
 
 
-def _windows(engine: LLMEngine, requests: int, windows: int, steps: int, stream: bool) -> list[dict[str, Any]]:
-    _add_workload(engine, "host", requests, 100, 1024, seed=3, stream=stream)
+def _windows(
+    engine: LLMEngine, requests: int, windows: int, steps: int, stream: bool, cohort: bool
+) -> list[dict[str, Any]]:
+    if cohort:
+        params = SamplingParams(max_tokens=engine.max_model_len - RUNNING_PROMPT, temperature=0.0, ignore_eos=True)
+        for i in range(requests):
+            engine.add_request(
+                f"host-{i}", [200 + (i * 13 + j) % 30000 for j in range(RUNNING_PROMPT)], params, stream=stream
+            )
+    else:
+        _add_workload(engine, "host", requests, 100, 1024, seed=3, stream=stream)
     while not prefills_done(engine):
         engine.step()
     out = []
     for _ in range(windows):
+        walls = []
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
+            t = time.perf_counter()
             engine.step()
+            walls.append(time.perf_counter() - t)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        walls.sort()
         out.append(
             {
                 "ms_per_step": wall * 1e3 / steps,
                 "cpu_ms_per_step": cpu * 1e3 / steps,
+                "median_ms": walls[len(walls) // 2] * 1e3,
+                "max_ms": walls[-1] * 1e3,
                 "running": len(engine.scheduler.running),
             }
         )
@@ -212,9 +240,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--through-async", action="store_true", help="through AsyncEngine, outputs handed to asyncio")
     ap.add_argument("--stream", action="store_true", help="an output every step for every request (streaming clients)")
+    ap.add_argument(
+        "--cohort", action="store_true", help="the chunked bench's running set: blocks fill in the same step"
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    result = measure(args.requests, args.windows, args.steps, through_async=args.through_async, stream=args.stream)
+    result = measure(
+        args.requests,
+        args.windows,
+        args.steps,
+        through_async=args.through_async,
+        stream=args.stream,
+        cohort=args.cohort,
+    )
     result["date"] = time.strftime("%Y-%m-%d %H:%M")
     print(json.dumps(result))
     if args.json is not None:

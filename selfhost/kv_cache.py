@@ -130,6 +130,18 @@ class BlockPool:
         self._cached.clear()
 
 
+@dataclass(slots=True)
+class _Hashing:
+    """How far a request's blocks are indexed in the prefix cache, and when its next one is due."""
+
+    num_hashed: int
+    """Leading blocks of the request's table that are indexed (or were found by their hashes)."""
+    lag: int
+    """Tokens past a decode-filled block's end before it is hashed, in ``[1, block_size)``."""
+    due: int = 0
+    """The token count (after a step's new tokens) at which the next block is hashed."""
+
+
 class PrefixHit(NamedTuple):
     """Cached blocks that cover a request's leading tokens."""
 
@@ -152,7 +164,9 @@ class KVCacheManager:
         self._tables: dict[str, list[KVBlock]] = {}
         self._ids: dict[str, list[int]] = {}
         """``_tables`` again as block ids: the runner reads every running request's table every step."""
-        self._num_hashed: dict[str, int] = {}
+        self._hashing: dict[str, _Hashing] = {}
+        self._num_tables = 0
+        """Block tables made so far: spreads requests' hash lags (``_cache_full_blocks``)."""
         self.prefix_query_tokens = 0
         """Prompt tokens looked up in the prefix cache (counted once per request admission)."""
         self.prefix_hit_tokens = 0
@@ -208,45 +222,62 @@ class KVCacheManager:
             # NOTE(crossway): most decode steps: the last block has room. Checked here rather than by
             # a call that returns at once: this runs for every running request every step
             # (bench/prefix_cache_cost.py)
-            if self.enable_prefix_caching and total // self.block_size > self._num_hashed.get(request.request_id, 0):
+            if self.enable_prefix_caching and total >= self._hashing[request.request_id].due:
                 self._cache_full_blocks(request, table, total)
             return []
         table = table if table is not None else []
         prefix_blocks = hit.blocks
         need = -(-total // self.block_size) - len(table) - len(prefix_blocks)
         # a hit on a free cached block takes it out of the free queue too
-        reclaimed = sum(1 for b in prefix_blocks if b.ref_cnt == 0)
+        reclaimed = sum(1 for b in prefix_blocks if b.ref_cnt == 0) if prefix_blocks else 0
         if need > self.pool.num_free_blocks() - reclaimed:
             return None
-        self.pool.touch(prefix_blocks)
         new = self.pool.allocate(max(need, 0))
         table = self._tables.setdefault(request.request_id, table)
-        table.extend(prefix_blocks)
-        table.extend(new)
         ids = self._ids.setdefault(request.request_id, [])
-        ids.extend(b.block_id for b in prefix_blocks)
-        ids.extend(b.block_id for b in new)
+        if prefix_blocks:
+            self.pool.touch(prefix_blocks)
+            table.extend(prefix_blocks)
+            ids.extend([b.block_id for b in prefix_blocks])
+        table.extend(new)
+        ids.extend([b.block_id for b in new])
         if self.enable_prefix_caching:
+            hashing = self._hashing.get(request.request_id)
+            if hashing is None:
+                self._num_tables += 1
+                lag = 1 + self._num_tables % max(1, self.block_size - 1)
+                hashing = self._hashing[request.request_id] = _Hashing(0, lag)
             if prefix_blocks:  # found by their hashes: indexed already
-                self._num_hashed[request.request_id] = len(prefix_blocks)
-            self._cache_full_blocks(request, table, total)
+                hashing.num_hashed = len(prefix_blocks)
+            if num_new_tokens > 1 or total >= hashing.due:  # a decode's block waits its lag
+                self._cache_full_blocks(request, table, total)
         return new
 
     def _cache_full_blocks(self, request: Request, table: list[KVBlock], num_tokens: int) -> None:
-        # NOTE(crossway): blocks are indexed when scheduled, before their KV is written. A request
-        # hitting them in the same step is safe: every layer writes all new K/V before attending.
-        start = self._num_hashed.get(request.request_id, 0)
-        if num_tokens // self.block_size <= start:
-            return  # no block filled up since the last call: most decode steps of every request
-        hashes = request.update_block_hashes(self.block_size, num_tokens // self.block_size)
-        end = min(num_tokens // self.block_size, len(hashes))
-        for i in range(start, end):
-            self.pool.cache(table[i], hashes[i])
-        self._num_hashed[request.request_id] = max(start, end)
+        """Index the blocks that ``num_tokens`` fill and whose token ids are known; set when the next is due.
+
+        NOTE(crossway): a prompt's blocks are indexed when scheduled, before their KV is written. A
+        request hitting them in the same step is safe: every layer writes all new K/V before
+        attending. A block filled by decoding is indexed ``lag`` tokens later, a lag that differs
+        between requests: requests that started together fill their blocks in the same step, and
+        hashing 128 of them there made that step's host work ~1 ms longer on the H100's host
+        (docs/benchmarks.md, 2026-12-07). ``free`` indexes what the lag left.
+        """
+        hashing = self._hashing[request.request_id]
+        start = hashing.num_hashed
+        if num_tokens // self.block_size > start:
+            hashes = request.update_block_hashes(self.block_size, num_tokens // self.block_size)
+            end = min(num_tokens // self.block_size, len(hashes))
+            for i in range(start, end):
+                self.pool.cache(table[i], hashes[i])
+            hashing.num_hashed = start = max(start, end)
+        hashing.due = (start + 1) * self.block_size + hashing.lag
 
     def free(self, request: Request) -> None:
-        """Release all of the request's blocks (idempotent)."""
+        """Release all of the request's blocks (idempotent), indexing first its full blocks not yet indexed."""
         table = self._tables.pop(request.request_id, [])
         self._ids.pop(request.request_id, None)
-        self._num_hashed.pop(request.request_id, None)
+        if table and self.enable_prefix_caching:
+            self._cache_full_blocks(request, table, request.num_computed_tokens)
+        self._hashing.pop(request.request_id, None)
         self.pool.free(table)

@@ -182,3 +182,49 @@ def test_cold_prompt_is_hashed_up_to_its_first_miss_then_as_its_chunks_are_sched
     hit = kv.find_prefix(twin)
     assert hit.num_tokens == 20  # the five cached blocks; the lookup stopped at the sixth
     assert len(twin.block_hashes) == 8  # hashed in batches of 1, 2, 4 and 8 blocks
+
+
+def start_decoding(kv: KVCacheManager, request) -> None:
+    """Admit ``request``'s whole prompt and bring back its first token (a synchronous step)."""
+    admit(kv, request)
+    request.num_computed_tokens = request.num_tokens
+    request.append_output_token(7)
+
+
+def decode_step(kv: KVCacheManager, request) -> None:
+    """Schedule one decode of ``request``, run it and bring back its token."""
+    assert kv.allocate_slots(request, 1) is not None
+    request.num_computed_tokens += 1
+    request.append_output_token(7)
+
+
+def test_a_block_filled_by_decoding_is_indexed_its_requests_lag_later_and_lags_differ() -> None:
+    kv = KVCacheManager(20, 4)  # lags cycle through 1 + n % 3 for the n-th table: 2, 3, 1, ...
+    a, b = make_request("a", 6), make_request("b", list(range(300, 306)))
+    start_decoding(kv, a)
+    start_decoding(kv, b)
+    assert kv.block_ids("a") == [0, 1] and kv.block_ids("b") == [2, 3]
+    assert sorted(kv.pool.cached_block_ids().values()) == [0, 2]  # the prompts' full blocks, at once
+    indexed_at: dict[int, int] = {}  # block id -> its request's computed tokens when it was first indexed
+    for _ in range(6):
+        for request in (a, b):
+            decode_step(kv, request)
+            cached = set(kv.pool.cached_block_ids().values())
+            for block_id in cached.intersection(kv.block_ids(request.request_id)):
+                indexed_at.setdefault(block_id, request.num_computed_tokens)
+    # blocks 1 and 3 fill at 8 computed tokens; a's is indexed 2 tokens later, b's 3
+    assert indexed_at == {0: 7, 1: 10, 2: 7, 3: 11}
+    assert kv.block_ids("a") == [0, 1, 4] and kv.block_ids("b") == [2, 3, 5]
+
+
+def test_free_indexes_the_full_blocks_a_decoding_lag_left_unindexed() -> None:
+    kv = KVCacheManager(20, 4)
+    a = make_request("a", 6)
+    start_decoding(kv, a)
+    decode_step(kv, a)
+    decode_step(kv, a)  # 8 computed tokens: block 1 is full, its lag (2) not yet passed
+    assert sorted(kv.pool.cached_block_ids().values()) == [0]
+    kv.free(a)
+    assert sorted(kv.pool.cached_block_ids().values()) == [0, 1]
+    hit = kv.find_prefix(make_request("next-turn", [*a.all_token_ids[:8], 1, 2, 3]))
+    assert [blk.block_id for blk in hit.blocks] == [0, 1]
