@@ -260,8 +260,9 @@ class KVCacheManager:
         request hitting them in the same step is safe: every layer writes all new K/V before
         attending. A block filled by decoding is indexed ``lag`` tokens later, a lag that differs
         between requests: requests that started together fill their blocks in the same step, and
-        hashing 128 of them there made that step's host work ~1 ms longer on the H100's host
-        (docs/benchmarks.md, 2026-12-07). ``free`` indexes what the lag left.
+        with 128 of them that step took 4-8x a step's median on the CPU VM, about half of it
+        hashing (``bench.host_step --cohort``; docs/benchmarks.md, 2026-12-07). ``free`` indexes
+        what the lag left.
         """
         hashing = self._hashing[request.request_id]
         start = hashing.num_hashed
