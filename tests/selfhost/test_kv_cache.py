@@ -205,7 +205,7 @@ def test_a_block_filled_by_decoding_is_indexed_its_requests_lag_later_and_lags_d
     start_decoding(kv, b)
     assert kv.block_ids("a") == [0, 1] and kv.block_ids("b") == [2, 3]
     assert sorted(kv.pool.cached_block_ids().values()) == [0, 2]  # the prompts' full blocks, at once
-    indexed_at: dict[int, int] = {}  # block id -> its request's computed tokens when it was first indexed
+    indexed_at = {0: 6, 2: 6}  # block id -> its request's computed tokens when it was first indexed
     for _ in range(6):
         for request in (a, b):
             decode_step(kv, request)
@@ -213,7 +213,7 @@ def test_a_block_filled_by_decoding_is_indexed_its_requests_lag_later_and_lags_d
             for block_id in cached.intersection(kv.block_ids(request.request_id)):
                 indexed_at.setdefault(block_id, request.num_computed_tokens)
     # blocks 1 and 3 fill at 8 computed tokens; a's is indexed 2 tokens later, b's 3
-    assert indexed_at == {0: 7, 1: 10, 2: 7, 3: 11}
+    assert indexed_at == {0: 6, 1: 10, 2: 6, 3: 11}
     assert kv.block_ids("a") == [0, 1, 4] and kv.block_ids("b") == [2, 3, 5]
 
 
