@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     engine = AsyncEngine.from_model(args.model, engine_config(args))
-    # NOTE(crossway): what the load left (~690k objects with SmolLM2) is moved out of the
+    # NOTE(crossway): what the load left (~688k objects with SmolLM2) is moved out of the
     # collector's sight, as vLLM's engine core does after its start: a full pass over it stopped
     # the engine thread for 186-304 ms on the CPU VM, and for under 0.05 ms once frozen
     # (docs/benchmarks.md, 2026-12-07). Not in from_model: tests build many engines in one process.
