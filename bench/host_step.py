@@ -17,6 +17,7 @@ whole loop, the hand-over of each step's outputs to the event loop included.
     python -m bench.host_step --requests 256 --windows 5 [--stream] --json /tmp/host_step.json
     python -m bench.host_step --requests 256 --windows 5 --through-async [--stream]
     python -m bench.host_step --requests 128 --windows 6 --steps 48 --cohort   # blocks filling together
+    python -m bench.host_step --requests 128 --windows 3 --steps 48 --mixed    # with a long prompt's chunks
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import statistics
 import threading
@@ -34,13 +36,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bench.engine_gpu_smollm import RUNNING_PROMPT, _add_workload, engine_config, offline_workload, prefills_done
+from bench.engine_gpu_smollm import (
+    CHUNKED_LOAD,
+    CHUNKED_MAX_SEQS,
+    RUNNING_PROMPT,
+    _add_workload,
+    engine_config,
+    offline_workload,
+    prefills_done,
+)
 from selfhost import engine as engine_module
 from selfhost import sampling
 from selfhost.async_engine import AsyncEngine
+from selfhost.config import EngineConfig
 from selfhost.engine import LLMEngine
 from selfhost.graphs import DecodeInputs
 from selfhost.sampling import SamplingParams
+from selfhost.step_graphs import StepGraphs
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -97,6 +109,7 @@ def measure(
     through_async: bool = False,
     stream: bool = False,
     cohort: bool = False,
+    mixed: bool = False,
 ) -> dict[str, Any]:
     """Prefill ``requests`` of the GPU bench's offline workload, then time ``windows`` windows of ``steps`` decode steps.
 
@@ -106,18 +119,21 @@ def measure(
     thread's whole loop, the hand-over of outputs included. ``stream`` gives each request an
     output every step (a streaming client's), else one when it finishes. ``cohort`` runs the
     chunked-prefill bench's running set instead (prompts of ``RUNNING_PROMPT`` tokens admitted in
-    one step), whose requests fill a KV block in the same step.
+    one step), whose requests fill a KV block in the same step. ``mixed`` runs that set while a
+    long prompt (the chunked bench's) arrives at the start of each window, at the engine's default
+    budget and ``mixed_prefill_tokens``: its chunks go through the step graphs' staging, the
+    graphs' replay stubbed too.
     """
-    if cohort and through_async:
-        raise ValueError("--cohort runs on the engine alone, not through the async front")
+    if (cohort or mixed) and through_async:
+        raise ValueError("--cohort and --mixed run on the engine alone, not through the async front")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the GPU host's copies are asynchronous: no intra-op threads in the figure
     try:
-        engine, graphs = _host_engine(kv_gib)
+        engine, graphs = _host_engine(kv_gib, mixed)
         if through_async:
             out = asyncio.run(_windows_through_async(engine, requests, windows, steps, stream))
         else:
-            out = _windows(engine, requests, windows, steps, stream, cohort)
+            out = _windows(engine, requests, windows, steps, stream, cohort or mixed, CHUNKED_LOAD[1] if mixed else 0)
     finally:
         torch.set_num_threads(threads)
         engine_module.PendingSample = sampling.PendingSample  # type: ignore[attr-defined]
@@ -127,26 +143,50 @@ def measure(
         "through_async": through_async,
         "streamed": stream,
         "cohort": cohort,
+        "mixed": mixed,
         "windows": out,
         "replays": graphs.num_replays,
+        "step_replays": engine.runner.step_graphs.num_replays if engine.runner.step_graphs is not None else 0,
         "median_cpu_ms_per_step": statistics.median(w["cpu_ms_per_step"] for w in out),
     }
 
 
-def _host_engine(kv_gib: int) -> tuple[LLMEngine, _HostGraphs]:
+def _host_engine(kv_gib: int, mixed: bool = False) -> tuple[LLMEngine, _HostGraphs]:
     cfg = replace(engine_config("cpu", smoke=False), kv_cache_memory_bytes=kv_gib << 30, async_scheduling=True)
+    if mixed:  # the chunked section's engine: the default budget and chunk cap, its sequences
+        default = EngineConfig()
+        cfg = replace(
+            cfg,
+            max_num_batched_tokens=default.max_num_batched_tokens,
+            mixed_prefill_tokens=default.mixed_prefill_tokens,
+            max_num_seqs=CHUNKED_MAX_SEQS,
+        )
     engine = LLMEngine.from_model("smollm2", cfg)
     runner = engine.runner
     runner.model.forward = lambda ids, *_, **__: torch.zeros(len(ids), 1)  # type: ignore[method-assign]
     runner.model.compute_logits = lambda hidden: hidden  # type: ignore[method-assign]
     graphs = _HostGraphs((cfg.max_model_len or 8192) // cfg.block_size)
     runner.graphs = graphs  # type: ignore[assignment]
+    if mixed:
+        budget = cfg.max_num_batched_tokens
+        steps = StepGraphs(
+            runner.model,
+            runner.kv_caches,
+            (budget // 2, budget),
+            cfg.max_num_seqs,
+            (cfg.max_model_len or 8192) // cfg.block_size,
+            torch.device("cpu"),
+            last_tokens=runner.last_tokens,
+        )
+        for t in steps.sizes:  # the stub model's logits (one column), a row for each row the step may sample
+            steps._steps[t] = functools.partial(torch.zeros, steps._dcap(t), 1)
+        runner.step_graphs = steps
     engine_module.PendingSample = _RandomPicks  # type: ignore[attr-defined]
     return engine, graphs
 
 
 def _windows(
-    engine: LLMEngine, requests: int, windows: int, steps: int, stream: bool, cohort: bool
+    engine: LLMEngine, requests: int, windows: int, steps: int, stream: bool, cohort: bool, long_prompt: int = 0
 ) -> list[dict[str, Any]]:
     if cohort:
         params = SamplingParams(max_tokens=engine.max_model_len - RUNNING_PROMPT, temperature=0.0, ignore_eos=True)
@@ -159,7 +199,10 @@ def _windows(
     while not prefills_done(engine):
         engine.step()
     out = []
-    for _ in range(windows):
+    for w in range(windows):
+        if long_prompt:  # new ids each window: no prefix hit on the one before
+            prompt = [300 + (w * 7919 + j * 7) % 40000 for j in range(long_prompt)]
+            engine.add_request(f"host-long-{w}", prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
         walls = []
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
@@ -243,6 +286,7 @@ def main() -> None:
     ap.add_argument(
         "--cohort", action="store_true", help="the chunked bench's running set: blocks fill in the same step"
     )
+    ap.add_argument("--mixed", action="store_true", help="the running set while a long prompt's chunks run")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     result = measure(
@@ -252,6 +296,7 @@ def main() -> None:
         through_async=args.through_async,
         stream=args.stream,
         cohort=args.cohort,
+        mixed=args.mixed,
     )
     result["date"] = time.strftime("%Y-%m-%d %H:%M")
     print(json.dumps(result))

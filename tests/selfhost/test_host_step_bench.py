@@ -46,3 +46,12 @@ def test_headroom_step_spread_separates_slow_steps_and_counts_collector_passes()
     assert spread["gc"]["2"]["max_ms"] == pytest.approx(150.0)
     even = step_spread([0.002] * 5, [0.002] * 5, [])
     assert even["slow_steps"] == 0 and even["slow_steps_cpu_share"] is None and even["gc"] == {}
+
+
+def test_host_step_bench_mixed_runs_a_long_prompts_chunks_through_the_step_graphs_staging():
+    result = host_step.measure(requests=3, windows=2, steps=4, kv_gib=1, mixed=True)
+    assert result["mixed"] is True
+    assert [w["running"] for w in result["windows"]] == [4, 4]  # the three decoding and the window's long prompt
+    assert result["step_replays"] == 1 + 8  # the running set's prefill, then every timed step: none eager
+    assert all(w["max_ms"] >= w["median_ms"] > 0 for w in result["windows"])
+    assert engine_module.PendingSample is sampling.PendingSample
