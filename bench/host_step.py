@@ -12,7 +12,9 @@ the engine's tests run the real model.
 
 ``--through-async`` runs the same requests through the server's front (``AsyncEngine``: the engine
 on its thread, every request's outputs consumed by an asyncio task) and times the engine thread's
-whole loop, the hand-over of each step's outputs to the event loop included.
+whole loop, the hand-over of each step's outputs to the event loop included. ``--cohort`` runs
+requests that started together (their blocks fill in the same step), and ``--mixed`` adds a long
+prompt whose chunks go through the step graphs' real staging, their replay stubbed as well.
 
     python -m bench.host_step --requests 256 --windows 5 [--stream] --json /tmp/host_step.json
     python -m bench.host_step --requests 256 --windows 5 --through-async [--stream]
