@@ -314,6 +314,17 @@ CHUNKED_MAX_SEQS = 160
 """The chunked section's engine's ``max_num_seqs``: room for the running requests and the prompts."""
 
 
+def chunked_config(cfg: EngineConfig) -> EngineConfig:
+    """``cfg`` as the chunked section runs it at the engine's defaults: their budget and chunk cap, ``CHUNKED_MAX_SEQS``."""
+    default = EngineConfig()
+    return replace(
+        cfg,
+        max_num_batched_tokens=default.max_num_batched_tokens,
+        mixed_prefill_tokens=default.mixed_prefill_tokens,
+        max_num_seqs=CHUNKED_MAX_SEQS,
+    )
+
+
 def chunked_window(budget: int, mixed: int, running: int, long_len: int, arrivals: int, every: int) -> int:
     """Most steps a mixed window of ``chunked_itl`` runs: its arrivals, then twice the steps its long prompts need."""
     chunk = max(1, budget - running)  # prompt tokens a step beside the running requests' decodes

@@ -40,9 +40,9 @@ import torch
 
 from bench.engine_gpu_smollm import (
     CHUNKED_LOAD,
-    CHUNKED_MAX_SEQS,
     RUNNING_PROMPT,
     _add_workload,
+    chunked_config,
     engine_config,
     offline_workload,
     prefills_done,
@@ -50,7 +50,6 @@ from bench.engine_gpu_smollm import (
 from selfhost import engine as engine_module
 from selfhost import sampling
 from selfhost.async_engine import AsyncEngine
-from selfhost.config import EngineConfig
 from selfhost.engine import LLMEngine
 from selfhost.graphs import DecodeInputs
 from selfhost.sampling import SamplingParams
@@ -155,14 +154,8 @@ def measure(
 
 def _host_engine(kv_gib: int, mixed: bool = False) -> tuple[LLMEngine, _HostGraphs]:
     cfg = replace(engine_config("cpu", smoke=False), kv_cache_memory_bytes=kv_gib << 30, async_scheduling=True)
-    if mixed:  # the chunked section's engine: the default budget and chunk cap, its sequences
-        default = EngineConfig()
-        cfg = replace(
-            cfg,
-            max_num_batched_tokens=default.max_num_batched_tokens,
-            mixed_prefill_tokens=default.mixed_prefill_tokens,
-            max_num_seqs=CHUNKED_MAX_SEQS,
-        )
+    if mixed:
+        cfg = chunked_config(cfg)
     engine = LLMEngine.from_model("smollm2", cfg)
     runner = engine.runner
     runner.model.forward = lambda ids, *_, **__: torch.zeros(len(ids), 1)  # type: ignore[method-assign]

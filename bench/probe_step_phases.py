@@ -23,9 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.engine_gpu_smollm import CHUNKED_LOAD, CHUNKED_MAX_SEQS, chunked_itl, chunked_pool_blocks, engine_config
+from bench.engine_gpu_smollm import CHUNKED_LOAD, chunked_config, chunked_itl, chunked_pool_blocks, engine_config
 from selfhost import sampling
-from selfhost.config import EngineConfig
 from selfhost.engine import LLMEngine
 
 PHASES = ("schedule", "execute", "resolve", "update", "outputs", "gc")
@@ -44,14 +43,7 @@ def main() -> None:
     a = ap.parse_args()
     running, long_len = (int(v) for v in a.load.split(","))
     arrivals, every, steps_a_round = CHUNKED_LOAD[2:]
-    default = EngineConfig()
-    # the chunked section's engine: the default budget and cap, its sequences, a pool for its load
-    cfg = replace(
-        engine_config(a.device, False),
-        max_num_batched_tokens=default.max_num_batched_tokens,
-        mixed_prefill_tokens=default.mixed_prefill_tokens,
-        max_num_seqs=CHUNKED_MAX_SEQS,
-    )
+    cfg = chunked_config(engine_config(a.device, False))  # and below, a pool for its load
     blocks = chunked_pool_blocks(
         cfg.max_num_batched_tokens,
         cfg.mixed_prefill_tokens,

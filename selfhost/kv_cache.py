@@ -138,8 +138,6 @@ class _Hashing:
     """Leading blocks of the request's table that are indexed (or were found by their hashes)."""
     lag: int
     """Tokens past a decode-filled block's end before it is hashed, in ``[1, block_size)``."""
-    due: int = 0
-    """The token count (after a step's new tokens) at which the next block is hashed."""
 
 
 class PrefixHit(NamedTuple):
@@ -222,8 +220,11 @@ class KVCacheManager:
             # NOTE(crossway): most decode steps: the last block has room. Checked here rather than by
             # a call that returns at once: this runs for every running request every step
             # (bench/prefix_cache_cost.py)
-            if self.enable_prefix_caching and total >= self._hashing[request.request_id].due:
-                self._cache_full_blocks(request, table, total)
+            if self.enable_prefix_caching:
+                progress = self._hashing[request.request_id]
+                lagged = total - progress.lag
+                if lagged // self.block_size > progress.num_hashed:  # a block full and its lag passed
+                    self._cache_full_blocks(request, table, lagged)
             return []
         table = table if table is not None else []
         prefix_blocks = hit.blocks
@@ -249,12 +250,12 @@ class KVCacheManager:
                 hashing = self._hashing[request.request_id] = _Hashing(0, lag)
             if prefix_blocks:  # found by their hashes: indexed already
                 hashing.num_hashed = len(prefix_blocks)
-            if num_new_tokens > 1 or total >= hashing.due:  # a decode's block waits its lag
-                self._cache_full_blocks(request, table, total)
+            # a chunk's blocks at once; a decode's block its lag later
+            self._cache_full_blocks(request, table, total if num_new_tokens > 1 else total - hashing.lag)
         return new
 
     def _cache_full_blocks(self, request: Request, table: list[KVBlock], num_tokens: int) -> None:
-        """Index the blocks that ``num_tokens`` fill and whose token ids are known; set when the next is due.
+        """Index the blocks that ``num_tokens`` fill and whose token ids are known.
 
         NOTE(crossway): a prompt's blocks are indexed when scheduled, before their KV is written. A
         request hitting them in the same step is safe: every layer writes all new K/V before
@@ -271,8 +272,7 @@ class KVCacheManager:
             end = min(num_tokens // self.block_size, len(hashes))
             for i in range(start, end):
                 self.pool.cache(table[i], hashes[i])
-            hashing.num_hashed = start = max(start, end)
-        hashing.due = (start + 1) * self.block_size + hashing.lag
+            hashing.num_hashed = max(start, end)
 
     def free(self, request: Request) -> None:
         """Release all of the request's blocks (idempotent), indexing first its full blocks not yet indexed."""
