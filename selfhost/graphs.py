@@ -107,10 +107,10 @@ class TableRows:
         self._held[row] = (table, n)
         self._row_of[id(table)] = row
 
-    def put_all(self, tables: Sequence[Sequence[int]]) -> None:
-        """``put`` each of ``tables`` into rows ``0, 1, ...`` in turn."""
+    def put_all(self, tables: Sequence[Sequence[int]], first_row: int = 0) -> None:
+        """``put`` each of ``tables`` into rows ``first_row, first_row + 1, ...`` in turn."""
         held = self._held
-        for row, table in enumerate(tables):
+        for row, table in enumerate(tables, first_row):
             # NOTE(h7): the skip spelled out, since a decode step's rows all take it but one in ~16
             h = held[row]
             if h is None or h[0] is not table or h[1] != len(table):

@@ -244,7 +244,7 @@ class StepGraphs:
             return None
         if len(pending_rows) and self._last_tokens is None:
             raise ValueError("pending rows need the last_tokens buffer")
-        if any(len(table) > self.max_blocks for table in tables):
+        if max(map(len, tables), default=0) > self.max_blocks:
             raise ValueError(f"a block table is wider than max_blocks={self.max_blocks}")
         turn = self._turn
         self._turn ^= 1
@@ -273,8 +273,9 @@ class StepGraphs:
         qlens_h[multi:] = 0  # unused sequence slots: their programs exit at once
         slens_h[multi:] = 0
         rows = self._table_rows[turn]
-        for i, table in enumerate(tables):
-            rows.put(p + i if i < d else i - d, table)
+        rows.put_all(tables[:d], p)
+        for i in range(d, len(tables)):
+            rows.put(i - d, tables[i])
         self._packed.copy_(self._host[turn], non_blocking=True)
         self._tables[: p + dcap].copy_(self._host_tables[turn][: p + dcap], non_blocking=True)
         if self.on_cuda:

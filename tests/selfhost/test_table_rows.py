@@ -57,3 +57,15 @@ def test_table_rows_convert_a_table_whose_row_was_overwritten() -> None:
     rows.put(0, b)  # a's row now holds b: a's ids can only come from its list
     rows.put(1, a)
     assert rows.array[:, :2].tolist() == [[3, 2], [1, 2]]
+
+
+def test_table_rows_put_all_from_a_first_row_skips_the_tables_those_rows_hold() -> None:
+    rows = TableRows(np.zeros((4, 3), dtype=np.int32))
+    a, b = [1, 2], [3]
+    rows.put_all([a, b], first_row=2)  # the step graphs' decode rows follow the multi-token slots
+    assert rows.array[2:, :2].tolist() == [[1, 2], [3, 0]]
+    rows.array[2:, 0] = -1  # poison: held tables are not written again, a grown one gets its tail
+    a.append(7)
+    rows.put_all([a, b], first_row=2)
+    assert rows.array[2:].tolist() == [[-1, 2, 7], [-1, 0, 0]]
+    assert rows.array[:2].tolist() == [[0, 0, 0], [0, 0, 0]]
