@@ -5,9 +5,14 @@ arrive, the engine's default ``mixed_prefill_tokens``) with each engine step's h
 ``schedule``, ``execute`` (the launch of the step's graph, or its eager kernels), ``resolve`` (the
 wait for the step before's picks), ``update``, ``outputs``, any garbage-collector pass (and its
 generation; a pass inside a phase counts in both, so ``rest`` is then short by it), what is left of
-the step outside those (``rest``: the sampler's launch, the metrics), and which graphs the step replayed (``S`` step graphs, ``D`` decode graphs, empty: eager). Prints
-the slowest steps; writes every step to JSON. The wrappers add host time to every step, so the
-ratios it prints are not the bench's. GPU, or ``--device cpu`` to check the code.
+the step outside those (``rest``: the sampler's launch, the metrics), and which graphs the step
+replayed (``S`` step graphs, ``D`` decode graphs, empty: eager). Parts of those phases are timed
+too (``PARTS``): inside ``execute`` the flattening of a step the decode graphs do not take, each
+graph set's ``run`` (staging and replay) and the replay call alone; in ``rest`` the sampler's
+launch. Prints the slowest steps and each path's median of every timing; writes every step to
+JSON. A step whose ``resolve`` is near zero found its device work done: the host set its pace.
+The wrappers add host time to every step, so the ratios it prints are not the bench's. GPU, or
+``--device cpu`` to check the code.
 
     python -m bench.probe_step_phases --json $OUT/step_phases.json
 """
@@ -18,16 +23,21 @@ import argparse
 import functools
 import gc
 import json
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from bench.engine_gpu_smollm import CHUNKED_LOAD, chunked_config, chunked_itl, chunked_pool_blocks, engine_config
 from selfhost import sampling
 from selfhost.engine import LLMEngine
 
 PHASES = ("schedule", "execute", "resolve", "update", "outputs", "gc")
+PARTS = ("flatten", "step_graphs", "decode_graphs", "replay", "sample_launch")
+"""Timed inside a phase (the first four in ``execute``) or in ``rest`` (the sampler's launch)."""
 
 
 def main() -> None:
@@ -77,6 +87,14 @@ def main() -> None:
     timed(engine.outputs, "process_step", "outputs")
     timed(engine.runner, "execute", "execute")
     timed(sampling.PendingSample, "resolve", "resolve")
+    runner = engine.runner
+    timed(runner, "_flatten", "flatten")
+    if runner.step_graphs is not None:
+        timed(runner.step_graphs, "run", "step_graphs")
+    if runner.graphs is not None:
+        timed(runner.graphs, "run", "decode_graphs")
+    timed(torch.cuda.CUDAGraph, "replay", "replay")
+    timed(sampling.PendingSample, "__init__", "sample_launch")
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -116,6 +134,12 @@ def main() -> None:
     print({k: v for k, v in result.items() if k in keep})
     for i in sorted(sorted(range(len(steps)), key=lambda i: -steps[i]["step"])[:12]):
         print(i, steps[i])
+    for path in ("D", "S", ""):
+        on_path = [s for s in steps[1:] if s["path"] == path]  # the first step compiles
+        if on_path:
+            keys = [k for k in (*PHASES, "rest", *PARTS, "step") if any(k in s for s in on_path)]
+            medians = {k: round(statistics.median(s.get(k, 0.0) for s in on_path), 3) for k in keys}
+            print(f"path {path or 'eager'!r}, {len(on_path)} steps, medians (ms):", medians)
     print("gc passes:", [(i, s["gc_generation"], s["gc"]) for i, s in enumerate(steps) if "gc" in s])
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps({"chunked": result, "steps": steps}, default=str))
