@@ -6,7 +6,8 @@ A mixed step's prefill launch as the engine makes it: ``--decodes`` one-token ro
 the chunk's length); ``--grid pad`` by the padded token count, as ``selfhost.step_graphs`` captures
 it (``max_query_len`` is the graph's size, so half the tiles of a 128-token chunk in a 256-token
 graph are empty). Each launch is timed as 30 in one CUDA graph (us a launch, the median of 7
-replays), beside the default launch, and checked against it. GPU only.
+replays), beside the default launch, and checked against it; the default launch's kernels (the
+attention and the merge) are also timed apart by the profiler. GPU only.
 
     python -m bench.probe_prefill_splits --shape llama8b --json $OUT/probe_prefill_splits.json
     python -m bench.probe_prefill_splits --shape smollm2 --grid pad
@@ -18,11 +19,14 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kernels import paged_prefill
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 SHAPES = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}
 """Query heads, KV heads and head dim."""
@@ -94,6 +98,7 @@ def main() -> None:
         bm, bn = map(int, tile.split("x"))
         specs += [{"block_m": bm, "block_n": bn, "splits": s, "warps": w} for w in (4, 8) for s in (4, 8, 16)]
     results = [timed(spec) for spec in specs]
+    kernels = kernel_times(lambda: run(torch.zeros_like(q), {}))
     ref = results[0]["out"]
     for r in results:
         r["max_abs_diff"] = (r.pop("out") - ref).abs().max().item()
@@ -102,14 +107,32 @@ def main() -> None:
         "device": torch.cuda.get_device_name(),
         "args": vars(a),
         "default_us": results[0]["us"],
+        "default_kernels_us": kernels,
         "fastest": sorted(results, key=lambda r: r["us"])[:8],
         "all": results,
     }
     for r in report["fastest"]:
         print(r)
-    print("default", results[0]["us"], "us")
+    print("default", results[0]["us"], "us; its kernels (us a launch, profiler):", kernels)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(report, indent=2))
+
+
+def kernel_times(launch: Callable[[], None], launches: int = 20) -> dict[str, float]:
+    """Device time a launch of each kernel ``launch`` runs (the attention kernel and the merge apart), from the profiler."""
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    launch()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(launches):
+            launch()
+        torch.cuda.synchronize()
+    return {
+        e.key: round(e.device_time_total / e.count, 2)
+        for e in prof.key_averages()
+        if e.device_type == DeviceType.CUDA and e.count >= launches
+    }
 
 
 if __name__ == "__main__":
