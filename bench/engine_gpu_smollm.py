@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bench.gpu_decoder import LLAMA3_8B, Shape
+from bench.gpu_decoder import LLAMA3_8B, SMOLLM2_135M, Shape
 from kernels._common import set_pdl
 from selfhost import loader
 from selfhost.config import DType, EngineConfig, ModelConfig
@@ -89,10 +89,16 @@ def random_model(model_cfg: ModelConfig, dtype: DType, device: str, max_len: int
     return model
 
 
-def random_engine(model_cfg: ModelConfig, cfg: EngineConfig) -> LLMEngine:
+def random_engine(model_cfg: ModelConfig, cfg: EngineConfig, name: str = "llama3-8b-random") -> LLMEngine:
     """An engine over a model of this shape with random weights (``random_model``), in the engine's dtype on its device."""
     model = random_model(model_cfg, cfg.dtype, cfg.device, cfg.max_model_len or model_cfg.max_position_embeddings)
-    return LLMEngine(model, model_cfg, None, cfg, model_name="llama3-8b-random")
+    return LLMEngine(model, model_cfg, None, cfg, model_name=name)
+
+
+RANDOM_SHAPES = {"llama3-8b-random": LLAMA3_8B, "smollm2-random": SMOLLM2_135M}
+"""``--model`` names of random-weight engines (no download): the 8B shape, and SmolLM2's for the
+sections whose timing no weight value changes (``chunked``: fixed lengths, ``ignore_eos``) on a
+machine without the GGUF. SmolLM2's tied LM head is a separate random matrix here, of its shape."""
 
 
 def run_all(engine: LLMEngine) -> tuple[float, int]:
@@ -513,7 +519,7 @@ def engine_config(device: str, smoke: bool) -> EngineConfig:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", default="smollm2", help="a model name or path, or llama3-8b-random")
+    ap.add_argument("--model", default="smollm2", help=f"a model name or path, or one of {', '.join(RANDOM_SHAPES)}")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="tiny counts (a CPU check of the code)")
     ap.add_argument("--only", default="", help="comma-separated sections")
@@ -565,8 +571,8 @@ def main() -> None:
             # small KV pool and few graphs, so three models fit on one GPU together.
             small = {} if quant == "none" else {"kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 8}
             cfg = replace(base, quantization=quant, **small)  # type: ignore[arg-type]
-            if args.model == "llama3-8b-random":
-                engines[quant] = random_engine(model_config(LLAMA3_8B), cfg)
+            if args.model in RANDOM_SHAPES:
+                engines[quant] = random_engine(model_config(RANDOM_SHAPES[args.model]), cfg, args.model)
             else:
                 engines[quant] = LLMEngine.from_model(args.model, cfg)
             results.setdefault("load_s", {})[quant] = time.perf_counter() - t0

@@ -171,10 +171,11 @@ def _host_engine(kv_gib: int, mixed: bool = False) -> tuple[LLMEngine, _HostGrap
             cfg.max_num_seqs,
             (cfg.max_model_len or 8192) // cfg.block_size,
             torch.device("cpu"),
+            chunk_tokens=cfg.mixed_prefill_tokens,
             last_tokens=runner.last_tokens,
         )
-        for t in steps.sizes:  # the stub model's logits (one column), a row for each row the step may sample
-            steps._steps[t] = functools.partial(torch.zeros, steps._dcap(t), 1)
+        for key in steps._steps:  # the stub model's logits (one column), a row for each row the step may sample
+            steps._steps[key] = functools.partial(torch.zeros, steps._dcap(key[0]), 1)
         runner.step_graphs = steps
     engine_module.PendingSample = _RandomPicks  # type: ignore[attr-defined]
     return engine, graphs

@@ -42,6 +42,12 @@ def main() -> None:
     ap.add_argument("--grid", choices=["chunk", "pad"], default="chunk")
     ap.add_argument("--splits", default="1,2,4,6,8,12,16,24")
     ap.add_argument(
+        "--split-tokens",
+        type=int,
+        default=0,
+        help="the chunk the default splits are sized for (split_query_len; 0: the grid's), as the step graphs pass it",
+    )
+    ap.add_argument(
         "--tiles",
         default="64x32,64x64,64x128,128x32,128x64,128x128",
         help="BLOCK_M x BLOCK_N pairs, each at 4 and 8 warps",
@@ -66,6 +72,7 @@ def main() -> None:
         paged_prefill.paged_prefill_attention(
             q, k, v, tables, starts, lens, seq_lens, max_query_len, hd**-0.5, out=out,
             block_m=spec.get("block_m"), block_n=spec.get("block_n"), splits=spec.get("splits"),
+            split_query_len=a.split_tokens or None,
         )  # fmt: skip
 
     def timed(spec: dict[str, Any]) -> dict[str, Any]:

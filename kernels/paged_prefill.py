@@ -38,14 +38,15 @@ import torch
 
 from kernels import reference
 from kernels._common import (
+    MAX_SPLITS,
     can_launch,
     check,
     check_dtype,
     check_last_contiguous,
     dot_in_fp32,
     next_pow2,
+    num_sms,
     pdl_args,
-    split_count,
     tl,
     triton,
 )
@@ -321,6 +322,7 @@ def paged_prefill_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     splits: int | None = None,
+    split_query_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its paged context (prefix, then the chunk).
 
@@ -340,8 +342,12 @@ def paged_prefill_attention(
         block_m: rows (query tokens x group heads) per program; default by head dim and device.
         block_n: keys per loop step; default 64 on the GPU, 16 in the interpreter.
         splits: programs that share one query tile's keys (split-KV, merged by a second kernel);
-            default enough for two programs per multiprocessor when one sequence of
-            ``max_query_len`` tokens runs (``default_splits``).
+            default as many as keep one sequence of ``split_query_len`` tokens within two programs
+            per multiprocessor (``default_splits``).
+        split_query_len: the chunk the default split count is sized for; default
+            ``max_query_len``. A captured graph sizes its grid for any chunk of its step, and
+            passes the chunk its steps mostly run (a mixed step's), so that chunk's keys are split
+            as if the grid were its own.
 
     Returns:
         ``out``.
@@ -389,7 +395,8 @@ def paged_prefill_attention(
     if splits is None:
         # the partials hold every row of q per split: a few decode rows beside a short chunk
         # (an eager mixed step) must not make them large
-        S = min(default_splits(nkv, tiles, q.device), max(1, MAX_PARTIAL_BYTES // (N * nh * hd * 4)))
+        split_tiles = tiles if split_query_len is None else -(-min(split_query_len, max_query_len) // BLOCK_Q)
+        S = min(default_splits(nkv, split_tiles, q.device), max(1, MAX_PARTIAL_BYTES // (N * nh * hd * 4)))
     else:
         S = max(1, splits)
     part_out = part_lse = out  # placeholders without splits: never touched
@@ -464,12 +471,17 @@ MAX_PARTIAL_BYTES = 64 << 20
 
 
 def default_splits(num_kv_heads: int, query_tiles: int, device: torch.device) -> int:
-    """Key splits per query tile: enough for two programs per multiprocessor from one sequence's tiles.
+    """Key splits per query tile: as many as keep one sequence's tiles within two programs per multiprocessor.
 
     NOTE(h7): counted for one sequence although the grid has a column per sequence slot: the step
     graphs size the grid for 8 slots that are mostly idle, and a chunk or a prefix hit's tail
     behind a long context is one sequence whose few tiles would each walk the whole context (a
     16-token tail over 4k cached tokens: one program per KV head). A long prompt has tiles enough
     and gets no split. Bounded by ``kernels._common.MAX_SPLITS``.
+    NOTE(h7): rounded down, unlike the decode kernel's ``split_count``: a split more than fits
+    starts a second wave that a few programs hold. A 128-token chunk behind 7,680 tokens in a
+    256-row step, us a launch (``bench.probe_prefill_splits --grid pad``, H100, 2026-12-06): the 8B
+    shape's 64 tiles over its KV heads took 104.1 at 5 splits (320 programs), 65.7 at 4 (256),
+    76.3 at 8 (two full waves); SmolLM2's 12 tiles 19.2 at 22, 23.8 at 12.
     """
-    return split_count(num_kv_heads * query_tiles, device)
+    return max(1, min(MAX_SPLITS, 2 * num_sms(device) // max(1, num_kv_heads * query_tiles)))

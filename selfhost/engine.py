@@ -89,6 +89,7 @@ class LLMEngine:
             graph_token_sizes=cfg.graph_token_sizes(),
             max_model_len=self.max_model_len,
             max_num_seqs=cfg.max_num_seqs,
+            mixed_prefill_tokens=cfg.mixed_prefill_tokens,
         )
         self.outputs = OutputProcessor(tokenizer)
         self.metrics = EngineMetrics(model_config, cfg, model.weight_bytes(), block_bytes // cfg.block_size)

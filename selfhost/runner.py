@@ -122,13 +122,15 @@ class ModelRunner:
         graph_token_sizes: Sequence[int] = (),
         max_model_len: int = 0,
         max_num_seqs: int = 256,
+        mixed_prefill_tokens: int = 0,
     ) -> None:
         """Allocate the KV cache tensors, and capture decode graphs when asked.
 
         ``use_kernels`` runs the Triton pass; ``graph_batch_sizes`` (CUDA only) captures decode
         steps of those sizes, whose block tables hold ``max_model_len`` tokens, and
         ``graph_token_sizes`` the other steps padded to those token counts; ``max_num_seqs`` bounds
-        the requests of a step.
+        the requests of a step, and ``mixed_prefill_tokens`` (a step's chunk beside decodes, 0: no
+        cap) the chunk the step graphs' prefill splits are sized for.
         """
         self.model = model
         self.use_kernels = use_kernels
@@ -159,6 +161,7 @@ class ModelRunner:
                     max_num_seqs,
                     max_blocks,
                     self.device,
+                    chunk_tokens=mixed_prefill_tokens,
                     last_tokens=self.last_tokens,
                 )
                 pool = self.step_graphs.pool

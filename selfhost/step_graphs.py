@@ -16,7 +16,9 @@ Attention takes both kernels over fixed-shape metadata (``models.fused``'s stati
 decode attention over rows ``[0, Dcap)`` with ``Dcap = min(T, max_num_seqs)`` and length 0 on rows
 that are not decode rows, then prefill attention over ``Pcap`` sequence slots (query length 0 on
 unused ones), its grid sized for T query tokens. Every grid and constexpr depends on T, Dcap, Pcap
-and the block-table width alone, and nothing in the captured function syncs with the device.
+and the block-table width alone, and nothing in the captured function syncs with the device. A T
+above the engine's cap on a chunk beside decodes (``chunk_tokens``) has a second graph, replayed
+by steps that decode, whose prefill launch splits the keys for a chunk of that cap.
 
 Owns the static buffers, the host staging and fill, the captures and the replay; on a device
 without CUDA graphs (the CPU, in tests under ``TRITON_INTERPRET=1``) the same step function is
@@ -66,6 +68,7 @@ class StepGraphs:
         device: torch.device,
         *,
         max_multi: int = 8,
+        chunk_tokens: int = 0,
         last_tokens: torch.Tensor | None = None,
         pool: _POOL_HANDLE | None = None,
     ) -> None:
@@ -79,6 +82,10 @@ class StepGraphs:
             max_blocks: the width of a block table (``ceil(max_model_len / block_size)``).
             device: where the model runs; only CUDA captures, elsewhere ``run`` calls the step directly.
             max_multi: Pcap, the multi-token sequences a step may hold (more: ``run`` returns None).
+            chunk_tokens: the most prompt tokens a step that also decodes gives a chunk
+                (``EngineConfig.mixed_prefill_tokens``; 0: no such cap). Each T above it gets a
+                second graph for such steps, its prefill keys split for a chunk of
+                ``chunk_tokens`` (the grid still covers T tokens, so any step stays correct).
             last_tokens: the runner's device buffer of the previous step's sampled ids (async
                 scheduling); a row named in ``run``'s ``pending_rows`` reads its token id there.
             pool: a CUDA graph memory pool to capture into (``DecodeGraphs.pool``, or another
@@ -100,6 +107,7 @@ class StepGraphs:
         self.max_tokens = self.sizes[-1]
         self.max_num_seqs = max_num_seqs
         self.max_multi = max_multi
+        self.chunk_tokens = chunk_tokens
         self.max_blocks = max_blocks
         self.device = device
         self.on_cuda = device.type == "cuda"
@@ -130,9 +138,12 @@ class StepGraphs:
         self._ids, self._pos, self._slots, self._dlens, self._rows = ids, pos, slots, dlens, rows
         self._qstarts, self._qlens, self._slens, self._src = qstarts, qlens, slens, src
         self._last_tokens = last_tokens
-        self._steps = {t: self._make_step(t) for t in self.sizes}
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._logits: dict[int, torch.Tensor] = {}
+        # NOTE(h7): a T-token graph over T > chunk_tokens is captured twice: for steps that decode,
+        # whose chunk is at most chunk_tokens, and for the others (prompts alone, chunks up to T)
+        mixed = [(t, True) for t in self.sizes if 0 < chunk_tokens < t]
+        self._steps = {key: self._make_step(*key) for key in [(t, False) for t in self.sizes] + mixed}
+        self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self._logits: dict[tuple[int, bool], torch.Tensor] = {}
         self.pool = pool
         self.num_replays = 0
         """Steps run through ``run`` (replays on CUDA, direct calls elsewhere)."""
@@ -152,8 +163,12 @@ class StepGraphs:
         t = self.bucket(num_tokens)
         return t is not None and 0 <= num_multi <= self.max_multi and 0 <= num_decode <= self._dcap(t)
 
-    def _make_step(self, t: int) -> Callable[[], torch.Tensor]:
-        """The step function of the T-token graph: the forward over rows ``[0, T)`` and logits of ``Dcap`` rows."""
+    def _make_step(self, t: int, mixed: bool) -> Callable[[], torch.Tensor]:
+        """The step function of the T-token graph: the forward over rows ``[0, T)`` and logits of ``Dcap`` rows.
+
+        ``mixed``: the graph for steps that also decode, whose prefill launch splits its keys for a
+        chunk of ``chunk_tokens``.
+        """
         dcap, p = self._dcap(t), self.max_multi
         meta = AttentionMetadata(
             slot_mapping=self._slots[:t],
@@ -169,6 +184,12 @@ class StepGraphs:
                 seq_lens=self._slens,
                 block_tables=self._tables[:p],  # (Pcap, max_blocks)
                 max_query_len=t,  # the grid covers any chunk of the step: fixed per T
+                # NOTE(h7): a mixed step's chunk fills a few of the grid's tiles; its keys are split
+                # for those. Sized for T, a 128-token chunk behind 7,680 tokens (the chunked bench's
+                # last chunks, in a 256-token graph) took SmolLM2 13 splits and 23.9 us a layer,
+                # against 19.2 at 22, and the 8B 3 splits and 82.7 us against 65.7 at 4 (H100,
+                # 2026-12-06, ``bench.probe_prefill_splits --grid pad``)
+                split_query_len=self.chunk_tokens if mixed else None,
             ),
         )
         model, kv_caches, pos, rows, last = self.model, self.kv_caches, self._pos, self._rows, self._last_tokens
@@ -193,8 +214,9 @@ class StepGraphs:
         self._slens.zero_()
         pool = self.pool
         for t in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
-            self._graphs[t], self._logits[t] = capture(self._steps[t], device, pool)
-            pool = self._graphs[t].pool()
+            for key in [k for k in self._steps if k[0] == t]:
+                self._graphs[key], self._logits[key] = capture(self._steps[key], device, pool)
+                pool = self._graphs[key].pool()
         self.pool = pool
         torch.cuda.synchronize(device)
 
@@ -246,6 +268,7 @@ class StepGraphs:
             raise ValueError("pending rows need the last_tokens buffer")
         if max(map(len, tables), default=0) > self.max_blocks:
             raise ValueError(f"a block table is wider than max_blocks={self.max_blocks}")
+        key = (t, d > 0 and (t, True) in self._steps)
         turn = self._turn
         self._turn ^= 1
         if self.on_cuda:
@@ -282,7 +305,7 @@ class StepGraphs:
             self._uploaded[turn].record()
         self.num_replays += 1
         if self.on_cuda:
-            self._graphs[t].replay()
+            self._graphs[key].replay()
         else:
-            self._logits[t] = self._steps[t]()
-        return self._logits[t][:num_rows]
+            self._logits[key] = self._steps[key]()
+        return self._logits[key][:num_rows]

@@ -175,6 +175,7 @@ def _prefill_kernel(
         pb.max_query_len,
         scale,
         out=o,
+        split_query_len=pb.split_query_len,
     )
 
 

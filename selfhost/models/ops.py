@@ -45,6 +45,8 @@ class PrefillBatch:
     """(P, Bmax): each sequence's block ids, padded with block 0 to the longest."""
     max_query_len: int
     """The largest of ``query_lens`` (sizes the kernel's grid without a device sync)."""
+    split_query_len: int | None = None
+    """The chunk the kernel's key splits are sized for; None: ``max_query_len`` (``paged_prefill_attention``)."""
 
 
 @dataclass(slots=True)

@@ -92,7 +92,11 @@ def test_paged_prefill_key_splits_match_reference(device, splits, nkv, group):
 
 
 def test_paged_prefill_default_splits_spread_a_short_chunk_and_leave_a_long_one_whole(device):
-    """One tile per KV head gets split; a prompt with tiles for every multiprocessor twice does not."""
+    """One tile per KV head gets split; a prompt with tiles for every multiprocessor twice does not.
+
+    Rounded down: the programs never exceed two a multiprocessor (a split more would start a wave
+    that a few of them hold).
+    """
     from kernels._common import MAX_SPLITS, num_sms
     from kernels.paged_prefill import default_splits
 
@@ -100,6 +104,35 @@ def test_paged_prefill_default_splits_spread_a_short_chunk_and_leave_a_long_one_
     assert default_splits(2, 1, torch.device(device)) == min(MAX_SPLITS, sms)
     assert default_splits(2, sms, torch.device(device)) == 1
     assert default_splits(1, 1, torch.device(device)) == min(MAX_SPLITS, 2 * sms)
+    assert default_splits(3, 1, torch.device(device)) == min(MAX_SPLITS, 2 * sms // 3)
+    assert default_splits(8, 8, torch.device(device)) == max(1, 2 * sms // 64)  # the 8B's chunk: 4 on 132 SMs
+
+
+def test_paged_prefill_splits_are_sized_for_split_query_len_not_the_padded_grid(device):
+    """A graph-sized grid (a query tile a multiprocessor) over a 6-token chunk splits its keys as the chunk's own grid would.
+
+    Without ``split_query_len`` the padded grid's tiles leave no room for a split; with it, the
+    launch takes the chunk's default split count and equals a launch given that count.
+    """
+    from kernels._common import num_sms
+    from kernels.paged_prefill import _default_blocks, default_splits
+
+    case = _case(device, torch.float32, 2, 4, 16, 4, [(300, 6)] if ON_GPU else [(45, 6)])
+    q, kc, vc, tables, starts, qlens, slens = case
+    block_q = _default_blocks(16, 4, q.device)[0] // 4
+    tiles = num_sms(q.device)  # over 2 KV heads: two programs a multiprocessor, no room for a split
+    grid = tiles * block_q
+    want = default_splits(2, -(-6 // block_q), q.device)
+    assert want > 1 and default_splits(2, tiles, q.device) == 1
+
+    def launch(**kw):
+        return paged_prefill_attention(q, kc, vc, tables, starts, qlens, slens, grid, 0.25, **kw)
+
+    hinted = launch(split_query_len=6)
+    assert torch.equal(hinted, launch(splits=want))
+    assert torch.equal(launch(), launch(splits=1))
+    assert not torch.equal(hinted, launch(splits=1))  # it did split: merged partials round differently
+    torch.testing.assert_close(hinted.cpu(), _reference(*case, 0.25), atol=1e-5, rtol=1e-5)
 
 
 def test_paged_prefill_default_splits_stay_within_the_partials_budget(device, monkeypatch):

@@ -84,8 +84,11 @@ def make_graphs(
     *,
     max_num_seqs: int = 8,
     max_multi: int = 4,
+    chunk_tokens: int = 0,
 ) -> StepGraphs:
-    return StepGraphs(model, caches, (16, 32), max_num_seqs, MAX_BLOCKS, DEVICE, max_multi=max_multi)
+    return StepGraphs(
+        model, caches, (16, 32), max_num_seqs, MAX_BLOCKS, DEVICE, max_multi=max_multi, chunk_tokens=chunk_tokens
+    )
 
 
 @torch.inference_mode()
@@ -136,6 +139,37 @@ def test_step_graphs_chunk_over_cached_context_mixed_with_decodes_equals_eager_s
 def test_step_graphs_pads_to_a_larger_bucket_and_equals_eager_step() -> None:
     seqs = [Seq(30, 1), Seq(17, 1), Seq(14, 14), Seq(44, 6)]  # 22 tokens -> T = 32
     check_static_equals_eager(seqs, expect_tokens=32)
+
+
+def test_step_graphs_split_a_decoding_steps_chunk_for_the_chunk_cap_and_equal_eager_step(monkeypatch) -> None:
+    """With ``chunk_tokens`` 8, a step that decodes replays the T = 16 graph whose prefill splits are sized for 8 tokens.
+
+    The grid still covers T tokens (``max_query_len``), and the step equals the eager one, whose
+    launch sizes both for its own chunk. T = 32's steps that decode get such a graph too; every
+    T's other graph sizes its splits for T (steps without decodes: a prompt's chunk up to T).
+    """
+    from selfhost.models import fused
+
+    seen: list[tuple[int, int | None]] = []
+    launch = fused.paged_prefill_attention
+
+    def spy(*args, **kw):  # type: ignore[no-untyped-def]
+        seen.append((args[7], kw.get("split_query_len")))
+        return launch(*args, **kw)
+
+    monkeypatch.setattr(fused, "paged_prefill_attention", spy)
+    seqs = [Seq(30, 1), Seq(17, 1), Seq(40, 8, sampled=False), Seq(44, 6)]  # 16 tokens -> T = 16
+    graphs = check_static_equals_eager(seqs, expect_tokens=16, chunk_tokens=8)
+    assert sorted(graphs._steps) == [(16, False), (16, True), (32, False), (32, True)]
+    step = flatten(seqs)
+    mixed = graphs.run(
+        step.ids, step.positions, step.slots, step.query_starts, step.seq_lens, step.tables, step.logits_rows
+    )
+    alone = graphs.run([1] * 9, list(range(9)), list(range(9)), [0, 9], [9], [[0, 1, 2]], [8])  # a prompt, no decode
+    assert mixed is not None and alone is not None
+    assert mixed.data_ptr() == graphs._logits[(16, True)].data_ptr()  # each step's logits from its own graph
+    assert alone.data_ptr() == graphs._logits[(16, False)].data_ptr()
+    assert (16, 8) in seen and (16, None) in seen  # the launches those graphs hold (captured on CUDA)
 
 
 def test_step_graphs_runs_a_decode_only_step_and_equals_eager_step() -> None:
