@@ -345,9 +345,9 @@ def paged_prefill_attention(
             default as many as keep one sequence of ``split_query_len`` tokens within two programs
             per multiprocessor (``default_splits``).
         split_query_len: the chunk the default split count is sized for; default
-            ``max_query_len``. A captured graph sizes its grid for any chunk of its step, and
-            passes the chunk its steps mostly run (a mixed step's), so that chunk's keys are split
-            as if the grid were its own.
+            ``max_query_len``. A captured graph sizes its grid for any chunk of its T tokens; the
+            one that steps with decodes replay passes their chunk cap, so such a chunk's keys are
+            split as if the grid were its own.
 
     Returns:
         ``out``.

@@ -3,7 +3,8 @@
 A step of a small model launches a few hundred kernels whatever its token count; from Python each
 costs tens of microseconds of host time, far more than the GPU spends on a short step. As vLLM v1
 does, a step's N tokens are padded to the next captured token count T and the whole pass (final
-norm, the sampled rows' LM head) replays from one graph per T, reading static buffers.
+norm, the sampled rows' LM head) replays from a graph per T (two for a large T, below), reading
+static buffers.
 
 Layout of a step (the caller's flattened batch, in this order):
 
