@@ -89,7 +89,7 @@ def random_model(model_cfg: ModelConfig, dtype: DType, device: str, max_len: int
     return model
 
 
-def random_engine(model_cfg: ModelConfig, cfg: EngineConfig, name: str = "llama3-8b-random") -> LLMEngine:
+def random_engine(model_cfg: ModelConfig, cfg: EngineConfig, name: str) -> LLMEngine:
     """An engine over a model of this shape with random weights (``random_model``), in the engine's dtype on its device."""
     model = random_model(model_cfg, cfg.dtype, cfg.device, cfg.max_model_len or model_cfg.max_position_embeddings)
     return LLMEngine(model, model_cfg, None, cfg, model_name=name)

@@ -214,10 +214,9 @@ class StepGraphs:
         self._qlens.zero_()
         self._slens.zero_()
         pool = self.pool
-        for t in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
-            for key in [k for k in self._steps if k[0] == t]:
-                self._graphs[key], self._logits[key] = capture(self._steps[key], device, pool)
-                pool = self._graphs[key].pool()
+        for key in sorted(self._steps, reverse=True):  # largest T first: the smaller graphs reuse its memory pool
+            self._graphs[key], self._logits[key] = capture(self._steps[key], device, pool)
+            pool = self._graphs[key].pool()
         self.pool = pool
         torch.cuda.synchronize(device)
 
