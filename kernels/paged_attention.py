@@ -5,7 +5,8 @@ GQA-aware: a program owns one KV head and all the query heads that share it, so 
 tile is read once for the whole group. Split-KV: each context is cut into ``splits`` equal runs of
 whole key tiles, sized on the device from the sequence's own length, each reduced by its own
 program to a partial output and log-sum-exp, and a second kernel merges them; this keeps the GPU
-busy at small batches, over short contexts as over long ones.
+busy at small batches, over short contexts as over long ones. A batch that fills the GPU unsplit
+(one partition) writes its output directly, with no merge.
 
 Owns the two Triton kernels and the launcher; semantics are
 ``kernels.reference.paged_decode_attention``, which the launcher falls back to where no kernel can
@@ -66,8 +67,11 @@ if triton is not None:
         lens_ptr,  # (B,) context lengths
         part_out_ptr,  # (B, NH, S, HD) fp32 partial outputs, normalised within the partition
         part_lse_ptr,  # (B, NH, S) fp32 partial log2-sum-exp2, -inf for an empty partition
+        out_ptr,  # (B, NH, HD) output (ONE only)
         sq_b,  # q strides: batch, head
         sq_h,
+        so_b,  # out strides: batch, head (ONE only)
+        so_h,
         sc_blk,  # cache strides: block, token-in-block, head
         sc_tok,
         sc_h,
@@ -83,6 +87,7 @@ if triton is not None:
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32 (the CPU interpreter needs it)
         PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" keeps fp32 inputs off tf32
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels._common.pdl_args)
+        ONE: tl.constexpr = False,  # S is 1: write the output itself, no partials to merge
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -112,9 +117,14 @@ if triton is not None:
         pdl_enter(PDL)
         out_off = ((b * (S * G * tl.num_programs(1)) + heads * S + sp) * HD)[:, None] + d[None, :]
         lse_off = b * (S * G * tl.num_programs(1)) + heads * S + sp
+        final_off = b * so_b + heads[:, None] * so_h + d[None, :]  # ONE: (BLOCK_G, BLOCK_D) into out
         if start >= end:
-            tl.store(part_out_ptr + out_off, tl.zeros((BLOCK_G, BLOCK_D), tl.float32), mask=gmask[:, None] & dmask)
-            tl.store(part_lse_ptr + lse_off, tl.full((BLOCK_G,), float("-inf"), tl.float32), mask=gmask)
+            if ONE:  # an empty context (a padding row): zeros, as the merge gives it
+                empty = tl.zeros((BLOCK_G, BLOCK_D), out_ptr.dtype.element_ty)
+                tl.store(out_ptr + final_off, empty, mask=gmask[:, None] & dmask)
+            else:
+                tl.store(part_out_ptr + out_off, tl.zeros((BLOCK_G, BLOCK_D), tl.float32), mask=gmask[:, None] & dmask)
+                tl.store(part_lse_ptr + lse_off, tl.full((BLOCK_G,), float("-inf"), tl.float32), mask=gmask)
         else:
             if start + BLOCK_N >= seq_len:
                 k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
@@ -133,8 +143,12 @@ if triton is not None:
                 k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
                 v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
                 m, lsum, acc = _attend(q, k, v, tmask, m, lsum, acc, scale_log2, DOT_F32, PRECISION)
-            tl.store(part_out_ptr + out_off, acc / lsum[:, None], mask=gmask[:, None] & dmask)
-            tl.store(part_lse_ptr + lse_off, m + tl.log2(lsum), mask=gmask)
+            if ONE:
+                final = (acc / lsum[:, None]).to(out_ptr.dtype.element_ty)
+                tl.store(out_ptr + final_off, final, mask=gmask[:, None] & dmask)
+            else:
+                tl.store(part_out_ptr + out_off, acc / lsum[:, None], mask=gmask[:, None] & dmask)
+                tl.store(part_lse_ptr + lse_off, m + tl.log2(lsum), mask=gmask)
 
     @triton.jit
     def _decode_reduce_kernel(
@@ -232,12 +246,15 @@ def paged_decode_attention(
     if splits is None:
         splits = min(split_count(B * nkv, q.device), -(-max_ctx // BLOCK_N))
     S = max(1, splits)
-    part_out = torch.empty((B, nh, S, hd), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((B, nh, S), dtype=torch.float32, device=q.device)
     if out is None:
         out = torch.empty_like(q)
     if B == 0:
         return out
+    # NOTE(h7): one partition (a batch wide enough to fill the GPU, SmolLM2's 128 rows) needs no
+    # merge: its program writes the output, and the step saves the merge kernel's launch a layer
+    one = S == 1
+    part_out = out if one else torch.empty((B, nh, S, hd), dtype=torch.float32, device=q.device)
+    part_lse = out if one else torch.empty((B, nh, S), dtype=torch.float32, device=q.device)
     BLOCK_D = next_pow2(hd)
     _decode_split_kernel[(B, nkv, S)](
         q,
@@ -247,8 +264,11 @@ def paged_decode_attention(
         seq_lens,
         part_out,
         part_lse,
+        out,
         q.stride(0),
         q.stride(1),
+        out.stride(0),
+        out.stride(1),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -263,9 +283,12 @@ def paged_decode_attention(
         BLOCK_N=BLOCK_N,
         DOT_F32=dot_in_fp32() or q.dtype == torch.float32,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        ONE=one,
         num_warps=4,
         **pdl_args(q),
     )
+    if one:
+        return out
     _decode_reduce_kernel[(B, nh)](
         part_out,
         part_lse,

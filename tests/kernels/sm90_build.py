@@ -232,8 +232,11 @@ def cases() -> list[Case]:
             "DOT_F32": False,
             "PRECISION": "tf32",
             "PDL": True,
+            "ONE": False,
         }
         out.append(Case(f"decode split G={g} hd={hd}", paged_attention._decode_split_kernel, c, attn))
+        name = f"decode split G={g} hd={hd}, one partition"
+        out.append(Case(name, paged_attention._decode_split_kernel, {**c, "ONE": True}, attn))
     c = {"NH": 32, "HD": 128, "BLOCK_S": 32, "BLOCK_D": 128, "PDL": True}
     out.append(Case("decode reduce", paged_attention._decode_reduce_kernel, c, attn))
     pre = {**attn, "qstart_ptr": "*i32", "qlen_ptr": "*i32", "slen_ptr": "*i32"}

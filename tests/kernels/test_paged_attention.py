@@ -57,12 +57,23 @@ def test_paged_decode_attention_default_splits_match_reference_for_one_short_seq
     torch.testing.assert_close(out.cpu(), ref, atol=2e-3, rtol=2e-3)
 
 
-def test_paged_decode_attention_gives_zeros_for_empty_context(device):
-    """A padded batch row (length 0) yields zeros, never NaN."""
+@pytest.mark.parametrize("splits", [1, 4])
+def test_paged_decode_attention_gives_zeros_for_empty_context(device, splits):
+    """A padded batch row (length 0) yields zeros, never NaN, merged or written by its one partition."""
     q, kc, vc, tables, sl = _case(device, torch.float32, 2, 2, 16, 4, [5, 0], num_blocks=16)
-    out = paged_decode_attention(q, kc, vc, tables, sl, 0.25, splits=4)
+    out = paged_decode_attention(q, kc, vc, tables, sl, 0.25, splits=splits)
     assert torch.equal(out[1].cpu(), torch.zeros_like(out[1].cpu()))
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_paged_decode_attention_one_partition_equals_the_merge_of_one(device, dtype):
+    """One partition writes its output with no merge: bit-equal to the merge of that one partition."""
+    q, kc, vc, tables, sl = _case(device, dtype, 2, 4, 16, 4, [1, 9, 37], num_blocks=64)
+    direct = paged_decode_attention(q, kc, vc, tables, sl, 0.25, splits=1, block_n=64)
+    # the merged path over the same tiles: two partitions of whole 64-key tiles, the second empty in every row
+    merged = paged_decode_attention(q, kc, vc, tables, sl, 0.25, splits=2, block_n=64)
+    assert torch.equal(direct, merged)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
