@@ -88,8 +88,16 @@ def main() -> None:
     a = ap.parse_args()
     running, long_len = CHUNKED_LOAD[0], CHUNKED_LOAD[1]
     cfg = chunked_config(engine_config("cuda", False))
+    # one prompt arriving once; the bench's three rounds of pool (16 steady steps each) leave room to spare
     blocks = chunked_pool_blocks(
-        cfg.max_num_batched_tokens, cfg.mixed_prefill_tokens, running, long_len, 1, 1, 16, cfg.block_size
+        cfg.max_num_batched_tokens,
+        cfg.mixed_prefill_tokens,
+        running,
+        long_len,
+        arrivals=1,
+        every=1,
+        steps=16,
+        block_size=cfg.block_size,
     )
     cfg = replace(cfg, num_kv_blocks=blocks)
     if a.model in RANDOM_SHAPES:

@@ -19,7 +19,8 @@ that are not decode rows, then prefill attention over ``Pcap`` sequence slots (q
 unused ones), its grid sized for T query tokens. Every grid and constexpr depends on T, Dcap, Pcap
 and the block-table width alone, and nothing in the captured function syncs with the device. A T
 above the engine's cap on a chunk beside decodes (``chunk_tokens``) has a second graph, replayed
-by steps that decode, whose prefill launch splits the keys for a chunk of that cap.
+by the steps whose prompt tokens fit that cap (every step that decodes, by the scheduler's rule),
+whose prefill launch splits the keys for a chunk of that cap.
 
 Owns the static buffers, the host staging and fill, the captures and the replay; on a device
 without CUDA graphs (the CPU, in tests under ``TRITON_INTERPRET=1``) the same step function is
@@ -85,8 +86,8 @@ class StepGraphs:
             max_multi: Pcap, the multi-token sequences a step may hold (more: ``run`` returns None).
             chunk_tokens: the most prompt tokens a step that also decodes gives a chunk
                 (``EngineConfig.mixed_prefill_tokens``; 0: no such cap). Each T above it gets a
-                second graph for such steps, its prefill keys split for a chunk of
-                ``chunk_tokens`` (the grid still covers T tokens, so any step stays correct).
+                second graph for the steps whose prompt tokens fit it, its prefill keys split for
+                a chunk of ``chunk_tokens`` (the grid still covers T tokens, so any step stays correct).
             last_tokens: the runner's device buffer of the previous step's sampled ids (async
                 scheduling); a row named in ``run``'s ``pending_rows`` reads its token id there.
             pool: a CUDA graph memory pool to capture into (``DecodeGraphs.pool``, or another
@@ -139,8 +140,8 @@ class StepGraphs:
         self._ids, self._pos, self._slots, self._dlens, self._rows = ids, pos, slots, dlens, rows
         self._qstarts, self._qlens, self._slens, self._src = qstarts, qlens, slens, src
         self._last_tokens = last_tokens
-        # NOTE(h7): a T-token graph over T > chunk_tokens is captured twice: for steps that decode,
-        # whose chunk is at most chunk_tokens, and for the others (prompts alone, chunks up to T)
+        # NOTE(h7): a T-token graph over T > chunk_tokens is captured twice: for steps whose prompt
+        # tokens are at most chunk_tokens (every step that decodes), and for the others (up to T)
         mixed = [(t, True) for t in self.sizes if 0 < chunk_tokens < t]
         self._steps = {key: self._make_step(*key) for key in [(t, False) for t in self.sizes] + mixed}
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
@@ -167,8 +168,8 @@ class StepGraphs:
     def _make_step(self, t: int, mixed: bool) -> Callable[[], torch.Tensor]:
         """The step function of the T-token graph: the forward over rows ``[0, T)`` and logits of ``Dcap`` rows.
 
-        ``mixed``: the graph for steps that also decode, whose prefill launch splits its keys for a
-        chunk of ``chunk_tokens``.
+        ``mixed``: the graph for steps whose prompt tokens fit ``chunk_tokens`` (those that also
+        decode), whose prefill launch splits its keys for a chunk of that many.
         """
         dcap, p = self._dcap(t), self.max_multi
         meta = AttentionMetadata(
@@ -268,7 +269,8 @@ class StepGraphs:
             raise ValueError("pending rows need the last_tokens buffer")
         if max(map(len, tables), default=0) > self.max_blocks:
             raise ValueError(f"a block table is wider than max_blocks={self.max_blocks}")
-        key = (t, d > 0 and (t, True) in self._steps)
+        # the graph whose splits are sized for the step's prompt tokens: the cap's where they fit it
+        key = (t, n - d <= self.chunk_tokens and (t, True) in self._steps)
         turn = self._turn
         self._turn ^= 1
         if self.on_cuda:

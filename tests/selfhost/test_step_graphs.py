@@ -142,11 +142,12 @@ def test_step_graphs_pads_to_a_larger_bucket_and_equals_eager_step() -> None:
 
 
 def test_step_graphs_split_a_decoding_steps_chunk_for_the_chunk_cap_and_equal_eager_step(monkeypatch) -> None:
-    """With ``chunk_tokens`` 8, a step that decodes replays the T = 16 graph whose prefill splits are sized for 8 tokens.
+    """With ``chunk_tokens`` 8, a step that decodes beside 8 prompt tokens replays the T = 16 graph whose prefill splits are sized for 8.
 
     The grid still covers T tokens (``max_query_len``), and the step equals the eager one, whose
-    launch sizes both for its own chunk. T = 32's steps that decode get such a graph too; every
-    T's other graph sizes its splits for T (steps without decodes: a prompt's chunk up to T).
+    launch sizes both for its own chunk. T = 32 gets such a graph too; every T's other graph sizes
+    its splits for T, for the steps whose prompt tokens exceed the cap (a prompt alone, or chunks
+    beside decodes that the scheduler did not cap).
     """
     from selfhost.models import fused
 
@@ -158,17 +159,23 @@ def test_step_graphs_split_a_decoding_steps_chunk_for_the_chunk_cap_and_equal_ea
         return launch(*args, **kw)
 
     monkeypatch.setattr(fused, "paged_prefill_attention", spy)
-    seqs = [Seq(30, 1), Seq(17, 1), Seq(40, 8, sampled=False), Seq(44, 6)]  # 16 tokens -> T = 16
+    seqs = [Seq(30, 1), Seq(17, 1), Seq(40, 5, sampled=False), Seq(44, 3)]  # 10 tokens -> T = 16, 8 of prompts
     graphs = check_static_equals_eager(seqs, expect_tokens=16, chunk_tokens=8)
     assert sorted(graphs._steps) == [(16, False), (16, True), (32, False), (32, True)]
-    step = flatten(seqs)
-    mixed = graphs.run(
-        step.ids, step.positions, step.slots, step.query_starts, step.seq_lens, step.tables, step.logits_rows
-    )
+
+    def run(seqs: list[Seq]) -> torch.Tensor | None:
+        step = flatten(seqs)
+        return graphs.run(
+            step.ids, step.positions, step.slots, step.query_starts, step.seq_lens, step.tables, step.logits_rows
+        )
+
+    mixed = run(seqs)
     alone = graphs.run([1] * 9, list(range(9)), list(range(9)), [0, 9], [9], [[0, 1, 2]], [8])  # a prompt, no decode
     assert mixed is not None and alone is not None
     assert mixed.data_ptr() == graphs._logits[(16, True)].data_ptr()  # each step's logits from its own graph
     assert alone.data_ptr() == graphs._logits[(16, False)].data_ptr()
+    over = run([Seq(30, 1), Seq(17, 1), Seq(40, 8, sampled=False), Seq(44, 6)])  # 14 prompt tokens beside decodes
+    assert over is not None and over.data_ptr() == graphs._logits[(16, False)].data_ptr()
     assert (16, 8) in seen and (16, None) in seen  # the launches those graphs hold (captured on CUDA)
 
 
