@@ -346,8 +346,8 @@ def paged_prefill_attention(
             per multiprocessor (``default_splits``).
         split_query_len: the chunk the default split count is sized for; default
             ``max_query_len``. A captured graph sizes its grid for any chunk of its T tokens; the
-            one that steps with decodes replay passes their chunk cap, so such a chunk's keys are
-            split as if the grid were its own.
+            one replayed by steps whose prompt tokens fit the engine's chunk cap passes that cap,
+            so such a chunk's keys are split as if the grid were its own.
 
     Returns:
         ``out``.
