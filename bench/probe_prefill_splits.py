@@ -9,6 +9,11 @@ graph are empty). Each launch is timed as 30 in one CUDA graph (us a launch, the
 replays), beside the default launch, and checked against it; the default launch's kernels (the
 attention and the merge) are also timed apart by the profiler. GPU only.
 
+The 30 launches read ``--layers`` distinct caches in turn, as a step's layers do: with one cache
+its keys stay in L2 across launches (SmolLM2's 7,680-token context is 5.9 MB), which hides the
+HBM latency a key loop that prefetches too little pays in the engine. ``--stages`` sweeps the
+pipeline depth beside the tiles and warps.
+
     python -m bench.probe_prefill_splits --shape llama8b --json $OUT/probe_prefill_splits.json
     python -m bench.probe_prefill_splits --shape smollm2 --grid pad
 """
@@ -52,14 +57,19 @@ def main() -> None:
         default="64x32,64x64,64x128,128x32,128x64,128x128",
         help="BLOCK_M x BLOCK_N pairs, each at 4 and 8 warps",
     )
+    ap.add_argument("--tile-splits", default="4,8,16", help="split counts tried with each tile")
+    ap.add_argument("--stages", default="3", help="num_stages tried with each tile")
+    ap.add_argument("--layers", type=int, default=30, help="distinct KV caches the 30 timed launches cycle through")
     ap.add_argument("--json", default="bench/results/probe_prefill_splits.json")
     a = ap.parse_args()
     nh, nkv, hd = SHAPES[a.shape]
     dev, bs = torch.device("cuda"), 16
     gen = torch.Generator(device=dev).manual_seed(0)
     blocks = -(-a.context // bs)
-    k = torch.randn(blocks + 8, bs, nkv, hd, device=dev, dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(k.shape, device=dev, dtype=torch.bfloat16, generator=gen)
+    caches = [
+        tuple(torch.randn(blocks + 8, bs, nkv, hd, device=dev, dtype=torch.bfloat16, generator=gen) for _ in "kv")
+        for _ in range(max(1, a.layers))
+    ]
     q = torch.randn(a.pad, nh, hd, device=dev, dtype=torch.bfloat16, generator=gen)
     tables = torch.randperm(blocks + 8, device=dev, generator=gen)[:blocks].to(torch.int32).view(1, -1)
     starts, lens = (torch.tensor([x], device=dev, dtype=torch.int32) for x in (a.decodes, a.chunk))
@@ -68,7 +78,8 @@ def main() -> None:
     rows = slice(a.decodes, a.decodes + a.chunk)
     default_blocks = paged_prefill._default_blocks
 
-    def run(out: torch.Tensor, spec: dict[str, Any]) -> None:
+    def run(out: torch.Tensor, spec: dict[str, Any], layer: int = 0) -> None:
+        k, v = caches[layer % len(caches)]
         paged_prefill.paged_prefill_attention(
             q, k, v, tables, starts, lens, seq_lens, max_query_len, hd**-0.5, out=out,
             block_m=spec.get("block_m"), block_n=spec.get("block_n"), splits=spec.get("splits"),
@@ -76,16 +87,16 @@ def main() -> None:
         )  # fmt: skip
 
     def timed(spec: dict[str, Any]) -> dict[str, Any]:
-        warps = spec.get("warps")
-        if warps is not None:  # the launcher takes tiles and splits; warps come with its default blocks
-            paged_prefill._default_blocks = lambda *args: (*default_blocks(*args)[:2], warps, 3)
+        warps, stages = spec.get("warps"), spec.get("stages", 3)
+        if warps is not None:  # the launcher takes tiles and splits; warps and stages come with its default blocks
+            paged_prefill._default_blocks = lambda *args: (*default_blocks(*args)[:2], warps, stages)
         try:
             out = torch.zeros_like(q)
             run(out, spec)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                for _ in range(30):
-                    run(out, spec)
+                for layer in range(30):
+                    run(out, spec, layer)
             graph.replay()
             times = []
             for _ in range(7):
@@ -103,10 +114,15 @@ def main() -> None:
     specs += [{"splits": s} for s in map(int, a.splits.split(","))]
     for tile in a.tiles.split(","):
         bm, bn = map(int, tile.split("x"))
-        specs += [{"block_m": bm, "block_n": bn, "splits": s, "warps": w} for w in (4, 8) for s in (4, 8, 16)]
+        specs += [
+            {"block_m": bm, "block_n": bn, "splits": s, "warps": w, "stages": st}
+            for w in (4, 8)
+            for st in map(int, a.stages.split(","))
+            for s in map(int, a.tile_splits.split(","))
+        ]
     results = [timed(spec) for spec in specs]
     out = torch.zeros_like(q)  # made once: a fill kernel in the profiled launches would count as theirs
-    kernels = kernel_times(lambda: run(out, {}))
+    kernels = kernel_times(lambda layer: run(out, {}, layer))
     ref = results[0]["out"]
     for r in results:
         r["max_abs_diff"] = (r.pop("out") - ref).abs().max().item()
@@ -126,15 +142,15 @@ def main() -> None:
     Path(a.json).write_text(json.dumps(report, indent=2))
 
 
-def kernel_times(launch: Callable[[], None], launches: int = 20) -> dict[str, float]:
-    """Device time a launch of each kernel ``launch`` runs (the attention kernel and the merge apart), from the profiler."""
+def kernel_times(launch: Callable[[int], None], launches: int = 30) -> dict[str, float]:
+    """Device time a launch of each kernel ``launch(layer)`` runs (the attention kernel and the merge apart), from the profiler."""
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
-    launch()
+    launch(0)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(launches):
-            launch()
+        for layer in range(launches):
+            launch(layer)
         torch.cuda.synchronize()
     return {
         e.key: round(e.device_time_total / e.count, 2)

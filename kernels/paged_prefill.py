@@ -13,12 +13,15 @@ and hands no rotated copy back, so the cache is the only place they exist; one a
 means one loop for prefix and chunk, split only where the causal mask starts to bite.
 
 Work split (vLLM's unified-attention layout): a program owns one KV head and a tile of
-``BLOCK_M`` rows, where row ``r`` is query token ``r // G`` of the tile and query head ``r % G`` of
-the group, so each K/V tile is loaded once for all ``G`` heads that share it and a GQA ratio of 3
-wastes at most ``BLOCK_M mod 3`` rows instead of padding heads to a power of two. Keys below the
-tile's first position are visible to every row and run without a mask; the diagonal tiles after
-them carry the causal mask. Softmax is online (base 2, running max and sum in fp32), accumulation
-is fp32, the output is rounded once to ``q``'s dtype.
+``BLOCK_M`` rows of the chunk's ``(token, head of the group)`` pairs, flattened token-major: row
+``R`` is query token ``R // G`` and query head ``R % G`` of the group, so each K/V tile is loaded
+once for all ``G`` heads that share it. The rows are cut without regard to tokens, so a token's
+heads may straddle two tiles and a GQA ratio of 3 pads nothing: SmolLM2's 128-token chunk is 384
+rows, three tiles of 128, where whole tokens a tile (42) would need a fourth for its last two
+tokens, walking the whole context for them. Keys below the tile's first position are visible to
+every row and run without a mask; the diagonal tiles after them carry the causal mask. Softmax is
+online (base 2, running max and sum in fp32), accumulation is fp32, the output is rounded once to
+``q``'s dtype.
 
 Split-KV: a tile's keys can be cut into ``splits`` runs, each reduced by its own program to a
 partial output and log-sum-exp that a second kernel merges, as the decode kernel does. A chunk or a
@@ -136,8 +139,7 @@ if triton is not None:
         HD: tl.constexpr,  # head dim (a power of two)
         BS: tl.constexpr,  # tokens per cache block
         SPLIT: tl.constexpr,  # S > 1: write partials for _prefill_merge_kernel instead of out
-        BLOCK_M: tl.constexpr,  # rows per program: BLOCK_Q tokens x G heads, padded to a power of two
-        BLOCK_Q: tl.constexpr,  # query tokens per program (BLOCK_M // G)
+        BLOCK_M: tl.constexpr,  # (token, head) rows per program, a power of two
         BLOCK_N: tl.constexpr,  # keys per loop step
         DOT_F32: tl.constexpr,  # widen tl.dot operands to fp32 (the CPU interpreter needs it)
         PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" keeps fp32 inputs off tf32
@@ -147,21 +149,19 @@ if triton is not None:
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         if SPLIT:
-            m0 = (tl.program_id(2) // S) * BLOCK_Q  # first query token of the tile, within the chunk
+            row0 = (tl.program_id(2) // S) * BLOCK_M  # the tile's first (token, head) row, within the chunk
             sp = tl.program_id(2) % S
         else:
-            m0 = tl.program_id(2) * BLOCK_Q
+            row0 = tl.program_id(2) * BLOCK_M
+        m0 = row0 // G  # the tile's first query token (its heads may start in the tile before)
         q_len = tl.load(qlen_ptr + b)
         if m0 < q_len:
             q_start = tl.load(qstart_ptr + b).to(tl.int64)
             prefix = tl.load(slen_ptr + b) - q_len
-            r = tl.arange(0, BLOCK_M)
-            tok = m0 + r // G  # (BLOCK_M,) query token of each row, within the chunk
+            r = row0 + tl.arange(0, BLOCK_M)
+            tok = r // G  # (BLOCK_M,) query token of each row, within the chunk
             head = kvh * G + r % G  # (BLOCK_M,) query head of each row
-            # NOTE(h7): when G does not divide BLOCK_M, the last rows name the next tile's first token;
-            # storing them would race with that tile's program (hidden in the interpreter, which runs
-            # programs in order), so they are masked like rows past the chunk.
-            rmask = (r // G < BLOCK_Q) & (tok < q_len)
+            rmask = tok < q_len
             d = tl.arange(0, HD)
             q = tl.load(
                 q_ptr + ((q_start + tok) * sq_n + head * sq_h)[:, None] + d[None, :], mask=rmask[:, None], other=0.0
@@ -175,7 +175,7 @@ if triton is not None:
             table_row = table_ptr + b * st_b
             # keys up to the tile's first position are seen by every row: whole tiles of them need no mask
             full_end = ((prefix + m0 + 1) // BLOCK_N) * BLOCK_N
-            kv_end = prefix + tl.minimum(m0 + BLOCK_Q, q_len)
+            kv_end = prefix + tl.minimum((row0 + BLOCK_M - 1) // G + 1, q_len)
             # this program's keys [lo, hi): with SPLIT, one of S equal runs of whole key tiles, sized by
             # the tile's own context on the device (so a captured graph splits every context evenly)
             if SPLIT:
@@ -297,15 +297,19 @@ def prefill_kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return can_launch(q, k_cache) and hd >= 16 and hd == next_pow2(hd)
 
 
-def _default_blocks(hd: int, group: int, device: torch.device) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` for a head dim and GQA ratio."""
-    if device.type == "cpu":  # the interpreter: small tiles keep it quick and cover the tile edges
-        return max(16, next_pow2(group)), 16, 1, 1
-    # NOTE(h7): untuned (no GPU this session). 128 rows x 64 keys is the FlashAttention-2 shape
-    # for hd 64 on sm_90; hd 128 halves the rows so q, acc and a K/V stage fit the register file
-    # at 4 warps. Rows never drop below the group so one program always holds a whole token.
-    block_m = 128 if hd <= 64 else 64
-    return max(block_m, next_pow2(group)), 64, 4, 3
+def _default_blocks(device: torch.device) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)``, the same for every head dim."""
+    if device.type == "cpu":  # the interpreter: small tiles keep it quick and cut tokens' heads across tiles
+        return 16, 16, 1, 1
+    # NOTE(h7): 128 rows x 64 keys at 8 warps and 5 stages: the key loop waits on its block-table
+    # load before each tile's keys, and below 5 stages Triton's pipeliner then issues a tile's
+    # keys only one iteration ahead and waits on all of them at the top of the next; at 4 warps
+    # 5 stages spill. A 128-token chunk behind 7,552 keys, its caches out of L2 as a step's layers
+    # are (us a launch, ``bench.probe_prefill_splits``, H100, 2026-12-07): SmolLM2 16.4 against
+    # 21.0 for 4 warps and 3 stages with whole tokens a tile, the 8B 54.6 against 66.2 (64 x 64,
+    # 4 warps, 3 stages); a 4,096-token prompt 2-4 % faster. One such program fills a
+    # multiprocessor's registers (~160-200 a thread), which ``default_splits`` counts on.
+    return 128, 64, 8, 5
 
 
 def paged_prefill_attention(
@@ -385,17 +389,16 @@ def paged_prefill_attention(
     if B == 0 or max_query_len <= 0:
         return out
     G = nh // nkv
-    BLOCK_M, BLOCK_N, num_warps, num_stages = _default_blocks(hd, G, q.device)
+    BLOCK_M, BLOCK_N, num_warps, num_stages = _default_blocks(q.device)
     if block_m is not None:
-        BLOCK_M = max(16, next_pow2(block_m), next_pow2(G))
+        BLOCK_M = max(16, next_pow2(block_m))
     if block_n is not None:
         BLOCK_N = next_pow2(max(16, block_n))
-    BLOCK_Q = BLOCK_M // G
-    tiles = -(-max_query_len // BLOCK_Q)
+    tiles = -(-max_query_len * G // BLOCK_M)
     if splits is None:
         # the partials hold every row of q per split: a few decode rows beside a short chunk
         # (an eager mixed step) must not make them large
-        split_tiles = tiles if split_query_len is None else -(-min(split_query_len, max_query_len) // BLOCK_Q)
+        split_tiles = tiles if split_query_len is None else -(-min(split_query_len, max_query_len) * G // BLOCK_M)
         S = min(default_splits(nkv, split_tiles, q.device), max(1, MAX_PARTIAL_BYTES // (N * nh * hd * 4)))
     else:
         S = max(1, splits)
@@ -430,7 +433,6 @@ def paged_prefill_attention(
         BS=bs,
         SPLIT=S > 1,
         BLOCK_M=BLOCK_M,
-        BLOCK_Q=BLOCK_Q,
         BLOCK_N=BLOCK_N,
         DOT_F32=dot_in_fp32(),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -471,17 +473,19 @@ MAX_PARTIAL_BYTES = 64 << 20
 
 
 def default_splits(num_kv_heads: int, query_tiles: int, device: torch.device) -> int:
-    """Key splits per query tile: as many as keep one sequence's tiles within two programs per multiprocessor.
+    """Key splits per query tile: as many as keep one sequence's tiles within one program per multiprocessor.
 
     NOTE(h7): counted for one sequence although the grid has a column per sequence slot: the step
     graphs size the grid for 8 slots that are mostly idle, and a chunk or a prefix hit's tail
     behind a long context is one sequence whose few tiles would each walk the whole context (a
     16-token tail over 4k cached tokens: one program per KV head). A long prompt has tiles enough
     and gets no split. Bounded by ``kernels._common.MAX_SPLITS``.
-    NOTE(h7): rounded down, unlike the decode kernel's ``split_count``: a split more than fits
-    starts a second wave that a few programs hold. A 128-token chunk behind 7,680 tokens in a
-    256-row step, us a launch (``bench.probe_prefill_splits --grid pad``, H100, 2026-12-06): the 8B
-    shape's 64 tiles over its KV heads took 104.1 at 5 splits (320 programs), 65.7 at 4 (256),
-    76.3 at 8 (two full waves); SmolLM2's 12 tiles 19.2 at 22, 23.8 at 12.
+    NOTE(h7): one program a multiprocessor, as many as ``_default_blocks``' tile leaves room for;
+    rounded down, unlike the decode kernel's ``split_count``: a split more than fits starts a
+    second wave that a few programs hold. A 128-token chunk behind 7,680 tokens in a 256-row step
+    (``bench.probe_prefill_splits --grid pad``, H100, 2026-12-07, 8 warps and 5 stages), us a
+    launch: SmolLM2's 9 tiles 16.4 at 14 splits (126 programs), 20.1 at 9, 23.8 at 18 (and its
+    12 tiles before its rows were cut across tokens 17.9 at 11, 24.0 at 22); the 8B's 32 tiles
+    55.3 at 4 (128 programs), 64.0 at 8.
     """
-    return max(1, min(MAX_SPLITS, 2 * num_sms(device) // max(1, num_kv_heads * query_tiles)))
+    return max(1, min(MAX_SPLITS, num_sms(device) // max(1, num_kv_heads * query_tiles)))

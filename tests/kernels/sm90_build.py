@@ -73,6 +73,8 @@ class Case(NamedTuple):
     warps: int = 4
     max_registers: int = 0
     """Triton's ``maxnreg`` (0: none), as the launcher passes it."""
+    stages: int = 3
+    """Triton's ``num_stages``, as the launcher passes it."""
 
 
 def _default(kind: Kind, rows: int, n: int, k_iter: int, group: int) -> tuple[dict[str, Any], int, bool, int]:
@@ -118,6 +120,10 @@ def _words_a_thread(ttgir: str) -> list[int]:
 
 def cases() -> list[Case]:
     """The variants the launchers use, with their default configs' tile sizes and warps (the 8B down projection's)."""
+    import itertools
+
+    import torch
+
     from kernels import (
         activation,
         argmax,
@@ -240,20 +246,22 @@ def cases() -> list[Case]:
     c = {"NH": 32, "HD": 128, "BLOCK_S": 32, "BLOCK_D": 128, "PDL": True}
     out.append(Case("decode reduce", paged_attention._decode_reduce_kernel, c, attn))
     pre = {**attn, "qstart_ptr": "*i32", "qlen_ptr": "*i32", "slen_ptr": "*i32"}
-    for split in (False, True):
+    m, n, warps, stages = paged_prefill._default_blocks(torch.device("cuda"))
+    for (g, hd), split in itertools.product(((4, 128), (3, 64)), (False, True)):  # the 8B's and SmolLM2's heads
         c = {
-            "G": 4,
-            "HD": 128,
+            "G": g,
+            "HD": hd,
             "BS": 16,
             "SPLIT": split,
-            "BLOCK_M": 64,
-            "BLOCK_Q": 16,
-            "BLOCK_N": 64,
+            "BLOCK_M": m,
+            "BLOCK_N": n,
             "DOT_F32": False,
             "PRECISION": "tf32",
             "PDL": True,
         }
-        out.append(Case(f"prefill split={split}", paged_prefill._prefill_kernel, c, pre))
+        out.append(
+            Case(f"prefill G={g} hd={hd} split={split}", paged_prefill._prefill_kernel, c, pre, warps, 0, stages)
+        )
     for nh, hd, bh in ((32, 128, 1), (9, 64, 2)):  # 32 splits: the 8B's and SmolLM2's prefix-hit tails
         c = {"NH": nh, "HD": hd, "BLOCK_S": 32, "BLOCK_H": bh, "BLOCK_B": 8, "PDL": True}
         out.append(Case(f"prefill merge hd={hd}", paged_prefill._prefill_merge_kernel, c, pre))
@@ -285,11 +293,15 @@ def main() -> int:
     from triton.compiler import ASTSource
 
     failed = 0
-    for name, fn, consts, types, warps, max_registers in cases():
+    for name, fn, consts, types, warps, max_registers, stages in cases():
         try:
             sig = _signature(fn, consts, types)
             src = ASTSource(fn, signature=sig, constexprs=consts, attrs=_attrs(fn, sig))
-            options = {"num_warps": warps, **({"maxnreg": max_registers} if max_registers else {})}
+            options = {
+                "num_warps": warps,
+                "num_stages": stages,
+                **({"maxnreg": max_registers} if max_registers else {}),
+            }
             kernel = triton.compile(src, target=GPUTarget(*TARGET), options=options)
             regs, spills = _registers(kernel.asm["ptx"])
             # _h2_dot's 4 elements a call must be 4 consecutive words of a row (int4_gemv.takes_half2)

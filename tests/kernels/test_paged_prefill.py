@@ -91,21 +91,35 @@ def test_paged_prefill_key_splits_match_reference(device, splits, nkv, group):
     torch.testing.assert_close(out.cpu(), _reference(*case, hd**-0.5), atol=1e-4, rtol=1e-4)
 
 
-def test_paged_prefill_default_splits_spread_a_short_chunk_and_leave_a_long_one_whole(device):
-    """One tile per KV head gets split; a prompt with tiles for every multiprocessor twice does not.
+@pytest.mark.parametrize("splits", [1, 3])
+def test_paged_prefill_splits_a_tokens_heads_across_two_query_tiles(device, splits):
+    """16-row tiles over a GQA ratio of 3: token 5's heads sit at rows 15-17, in two tiles; both halves are right.
 
-    Rounded down: the programs never exceed two a multiprocessor (a split more would start a wave
+    Every third tile boundary falls inside a token, with and without key splits, and the chunk
+    behind a prefix puts the boundary token's keys in the unmasked range of one tile and on the
+    diagonal of the next.
+    """
+    case = _case(device, torch.float32, 2, 3, 16, 4, [(9, 11), (0, 6)])
+    q, kc, vc, tables, starts, qlens, slens = case
+    out = paged_prefill_attention(q, kc, vc, tables, starts, qlens, slens, 11, 0.25, block_m=16, splits=splits)
+    torch.testing.assert_close(out.cpu(), _reference(*case, 0.25), atol=1e-5, rtol=1e-5)
+
+
+def test_paged_prefill_default_splits_spread_a_short_chunk_and_leave_a_long_one_whole(device):
+    """One tile per KV head gets split; a prompt with a tile for every multiprocessor does not.
+
+    Rounded down: the programs never exceed one a multiprocessor (a split more would start a wave
     that a few of them hold).
     """
     from kernels._common import MAX_SPLITS, num_sms
     from kernels.paged_prefill import default_splits
 
     sms = num_sms(torch.device(device))
-    assert default_splits(2, 1, torch.device(device)) == min(MAX_SPLITS, sms)
+    assert default_splits(2, 1, torch.device(device)) == min(MAX_SPLITS, sms // 2)
     assert default_splits(2, sms, torch.device(device)) == 1
-    assert default_splits(1, 1, torch.device(device)) == min(MAX_SPLITS, 2 * sms)
-    assert default_splits(3, 1, torch.device(device)) == min(MAX_SPLITS, 2 * sms // 3)
-    assert default_splits(8, 8, torch.device(device)) == max(1, 2 * sms // 64)  # the 8B's chunk: 4 on 132 SMs
+    assert default_splits(1, 1, torch.device(device)) == min(MAX_SPLITS, sms)
+    assert default_splits(3, 3, torch.device(device)) == min(MAX_SPLITS, max(1, sms // 9))  # SmolLM2's chunk: 14
+    assert default_splits(8, 4, torch.device(device)) == max(1, sms // 32)  # the 8B's chunk: 4 on 132 SMs
 
 
 def test_paged_prefill_splits_are_sized_for_split_query_len_not_the_padded_grid(device):
@@ -119,10 +133,10 @@ def test_paged_prefill_splits_are_sized_for_split_query_len_not_the_padded_grid(
 
     case = _case(device, torch.float32, 2, 4, 16, 4, [(300, 6)] if ON_GPU else [(45, 6)])
     q, kc, vc, tables, starts, qlens, slens = case
-    block_q = _default_blocks(16, 4, q.device)[0] // 4
+    block_m = _default_blocks(q.device)[0]
     tiles = num_sms(q.device)  # over 2 KV heads: two programs a multiprocessor, no room for a split
-    grid = tiles * block_q
-    want = default_splits(2, -(-6 // block_q), q.device)
+    grid = tiles * block_m // 4  # tokens of 4 heads each
+    want = default_splits(2, -(-6 * 4 // block_m), q.device)
     assert want > 1 and default_splits(2, tiles, q.device) == 1
 
     def launch(**kw):
