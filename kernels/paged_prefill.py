@@ -297,8 +297,8 @@ def prefill_kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return can_launch(q, k_cache) and hd >= 16 and hd == next_pow2(hd)
 
 
-def _default_blocks(device: torch.device) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)``, the same for every head dim."""
+def _default_blocks(row_bytes: int, device: torch.device) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` for one head's row of ``row_bytes`` (head dim x element size)."""
     if device.type == "cpu":  # the interpreter: small tiles keep it quick and cut tokens' heads across tiles
         return 16, 16, 1, 1
     # NOTE(h7): 128 rows x 64 keys at 8 warps and 5 stages: the key loop waits on its block-table
@@ -309,7 +309,12 @@ def _default_blocks(device: torch.device) -> tuple[int, int, int, int]:
     # 21.0 for 4 warps and 3 stages with whole tokens a tile, the 8B 54.6 against 66.2 (64 x 64,
     # 4 warps, 3 stages); a 4,096-token prompt 2-4 % faster. One such program fills a
     # multiprocessor's registers (~160-200 a thread), which ``default_splits`` counts on.
-    return 128, 64, 8, 5
+    if row_bytes <= 256:  # bf16 up to head dim 128: 132 KB of shared memory at 128
+        return 128, 64, 8, 5
+    # NOTE(h7): wider rows (bf16 head dim 256, fp32 128) would take 263 KB of shared memory at 5
+    # stages, past sm_90's 227 KB: 64 rows and 3 stages take 165 KB for bf16 256, 115 KB for fp32
+    # 128 (``tests.kernels.sm90_build``). Built and tested, not timed.
+    return 64, 64, 8, 3
 
 
 def paged_prefill_attention(
@@ -389,7 +394,7 @@ def paged_prefill_attention(
     if B == 0 or max_query_len <= 0:
         return out
     G = nh // nkv
-    BLOCK_M, BLOCK_N, num_warps, num_stages = _default_blocks(q.device)
+    BLOCK_M, BLOCK_N, num_warps, num_stages = _default_blocks(hd * q.element_size(), q.device)
     if block_m is not None:
         BLOCK_M = max(16, next_pow2(block_m))
     if block_n is not None:

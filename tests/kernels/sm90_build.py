@@ -6,9 +6,10 @@ each kernel to a cubin, with the constexpr variants its launcher uses, through T
 compiler and bundled ptxas; no driver is needed. Pointers and integer arguments are marked
 16-divisible, as Triton's launcher specializes them for the models' shapes, so the vectorized
 loads are what gets built. Each case also reports its registers a thread (``ptxas -v``): a GEMV
-that doubled them halved its occupancy once (``kernels.int4_matmul``'s note). Must run
-without ``TRITON_INTERPRET`` (the decorator reads it at import). Prints one line per case and
-exits 1 if any failed or spilled registers.
+that doubled them halved its occupancy once (``kernels.int4_matmul``'s note), and its shared
+memory, which Triton's pipeline stages multiply. Must run without ``TRITON_INTERPRET`` (the
+decorator reads it at import). Prints one line per case and exits 1 if any failed, spilled
+registers or took more shared memory than an sm_90 block may.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from kernels._matmul_config import Kind
 
 TARGET = ("cuda", 90, 32)
+MAX_SHARED_BYTES = 227 * 1024
+"""The most shared memory one block can take on sm_90; a build past it compiles but fails to launch."""
 
 
 def _signature(fn: Any, consts: dict[str, Any], types: dict[str, str]) -> dict[str, str]:
@@ -246,8 +249,9 @@ def cases() -> list[Case]:
     c = {"NH": 32, "HD": 128, "BLOCK_S": 32, "BLOCK_D": 128, "PDL": True}
     out.append(Case("decode reduce", paged_attention._decode_reduce_kernel, c, attn))
     pre = {**attn, "qstart_ptr": "*i32", "qlen_ptr": "*i32", "slen_ptr": "*i32"}
-    m, n, warps, stages = paged_prefill._default_blocks(torch.device("cuda"))
-    for (g, hd), split in itertools.product(((4, 128), (3, 64)), (False, True)):  # the 8B's and SmolLM2's heads
+    # the 8B's and SmolLM2's heads, and a head dim of 256 (the launcher's tile for wide rows)
+    for (g, hd), split in itertools.product(((4, 128), (3, 64), (2, 256)), (False, True)):
+        m, n, warps, stages = paged_prefill._default_blocks(hd * 2, torch.device("cuda"))
         c = {
             "G": g,
             "HD": hd,
@@ -259,9 +263,8 @@ def cases() -> list[Case]:
             "PRECISION": "tf32",
             "PDL": True,
         }
-        out.append(
-            Case(f"prefill G={g} hd={hd} split={split}", paged_prefill._prefill_kernel, c, pre, warps, 0, stages)
-        )
+        name = f"prefill G={g} hd={hd} split={split}"
+        out.append(Case(name, paged_prefill._prefill_kernel, c, pre, warps, 0, stages))
     for nh, hd, bh in ((32, 128, 1), (9, 64, 2)):  # 32 splits: the 8B's and SmolLM2's prefix-hit tails
         c = {"NH": nh, "HD": hd, "BLOCK_S": 32, "BLOCK_H": bh, "BLOCK_B": 8, "PDL": True}
         out.append(Case(f"prefill merge hd={hd}", paged_prefill._prefill_merge_kernel, c, pre))
@@ -306,9 +309,18 @@ def main() -> int:
             regs, spills = _registers(kernel.asm["ptx"])
             # _h2_dot's 4 elements a call must be 4 consecutive words of a row (int4_gemv.takes_half2)
             words = _words_a_thread(kernel.asm["ttgir"])
-            ok = bool(kernel.asm.get("cubin")) and spills == 0 and all(w % 4 == 0 for w in words)
+            shared = kernel.metadata.shared
+            ok = (
+                bool(kernel.asm.get("cubin"))
+                and spills == 0
+                and all(w % 4 == 0 for w in words)
+                and shared <= MAX_SHARED_BYTES
+            )
             half2 = f", {words[0]} words a thread" if words else ""
-            print(f"{'ok' if ok else 'FAILED'}: {name} ({regs} registers, {spills} bytes spilled{half2})")
+            print(
+                f"{'ok' if ok else 'FAILED'}: {name} "
+                f"({regs} registers, {spills} bytes spilled, {shared / 1024:.1f} KB shared{half2})"
+            )
             failed += not ok
         except Exception:  # noqa: BLE001 (report every case, then fail)
             print(f"FAILED: {name}\n{traceback.format_exc(limit=3)}")
