@@ -79,11 +79,17 @@ def test_shapes_the_kernels_cannot_take_fall_back() -> None:
     assert quant.quantize(torch.randn(16, 64), "none") is None
 
 
-def test_quantized_linear_layer_keeps_its_bias_and_shrinks() -> None:
+def _seeded_linear(seed: int) -> tuple[Linear, torch.Tensor]:
+    """A 64 -> 48 layer with a bias, and 5 rows of input, from their own generator (not the suite's shared one)."""
+    g = torch.Generator().manual_seed(seed)
     layer = Linear(64, 48, bias=True)
-    torch.nn.init.normal_(layer.weight)  # type: ignore[arg-type]
-    torch.nn.init.normal_(layer.bias)  # type: ignore[arg-type]
-    x = torch.randn(5, 64)
+    torch.nn.init.normal_(layer.weight, generator=g)  # type: ignore[arg-type]
+    torch.nn.init.normal_(layer.bias, generator=g)  # type: ignore[arg-type]
+    return layer, torch.randn(5, 64, generator=g)
+
+
+def test_quantized_linear_layer_keeps_its_bias_and_shrinks() -> None:
+    layer, x = _seeded_linear(1)
     ref = layer(x)
     before = layer.weight_bytes
     layer.quantize("int8")
@@ -93,16 +99,22 @@ def test_quantized_linear_layer_keeps_its_bias_and_shrinks() -> None:
 
 @pytest.mark.parametrize("mode", ["none", "int8"])
 def test_glu_linear_adds_its_bias_before_the_activation(mode: str) -> None:
-    """``glu``: ``silu(gate) * up`` of ``[gate; up]`` rows, each half with its own bias, float or quantized."""
-    layer = Linear(64, 48, bias=True)
-    torch.nn.init.normal_(layer.weight)  # type: ignore[arg-type]
-    torch.nn.init.normal_(layer.bias)  # type: ignore[arg-type]
-    x = torch.randn(5, 64)
-    gate, up = layer(x).chunk(2, dim=-1)  # 2 x (5, 24)
+    """``glu``: ``silu(gate) * up`` of ``[gate; up]`` rows, each half with its own bias, float or quantized.
+
+    The reference takes the layer's own weight after quantizing (dequantized), so what is compared
+    is where the bias goes, not int8's rounding: the product of two rounded halves once strayed past
+    the tolerance on unseeded data.
+    """
+    layer, x = _seeded_linear(2)
     layer.quantize(mode)  # type: ignore[arg-type]
+    weight = layer.weight if layer.qweight is None else quant.dequantize(layer.qweight)  # type: ignore[arg-type]
+    assert weight is not None and layer.bias is not None
+    gate, up = (x @ weight.t() + layer.bias).chunk(2, dim=-1)  # 2 x (5, 24)
     out = layer(x, glu=True)
     assert out.shape == (5, 24)
     _close(out, torch.nn.functional.silu(gate) * up)
+    wrong = torch.nn.functional.silu(gate - layer.bias[:24]) * up  # the gate's bias after the activation
+    assert (out.float() - wrong).abs().max().item() > 2e-2 * wrong.abs().max().item()
 
 
 def test_config_rejects_unknown_quantization_and_mismatched_model(smollm2: Loaded) -> None:
