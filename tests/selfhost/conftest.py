@@ -35,6 +35,12 @@ CHAT_PROMPTS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    """Each test draws the same numbers from torch's shared generator whatever ran before it in its worker."""
+    torch.manual_seed(0)
+
+
 @dataclass(frozen=True)
 class Loaded:
     path: Path
