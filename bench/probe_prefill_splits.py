@@ -58,7 +58,9 @@ def main() -> None:
         help="BLOCK_M x BLOCK_N pairs, each at 4 and 8 warps",
     )
     ap.add_argument("--tile-splits", default="4,8,16", help="split counts tried with each tile")
-    ap.add_argument("--stages", default="3", help="num_stages tried with each tile")
+    ap.add_argument(
+        "--stages", default="3,5", help="num_stages tried with each tile (the launcher's: 5, or 3 for wide rows)"
+    )
     ap.add_argument("--layers", type=int, default=30, help="distinct KV caches the 30 timed launches cycle through")
     ap.add_argument("--json", default="bench/results/probe_prefill_splits.json")
     a = ap.parse_args()

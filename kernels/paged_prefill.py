@@ -403,7 +403,8 @@ def paged_prefill_attention(
     if splits is None:
         # the partials hold every row of q per split: a few decode rows beside a short chunk
         # (an eager mixed step) must not make them large
-        split_tiles = tiles if split_query_len is None else -(-min(split_query_len, max_query_len) * G // BLOCK_M)
+        split_len = max_query_len if split_query_len is None else min(split_query_len, max_query_len)
+        split_tiles = -(-split_len * G // BLOCK_M)
         S = min(default_splits(nkv, split_tiles, q.device), max(1, MAX_PARTIAL_BYTES // (N * nh * hd * 4)))
     else:
         S = max(1, splits)

@@ -79,17 +79,16 @@ def test_shapes_the_kernels_cannot_take_fall_back() -> None:
     assert quant.quantize(torch.randn(16, 64), "none") is None
 
 
-def _seeded_linear(seed: int) -> tuple[Linear, torch.Tensor]:
-    """A 64 -> 48 layer with a bias, and 5 rows of input, from their own generator (not the suite's shared one)."""
-    g = torch.Generator().manual_seed(seed)
+def _linear_with_bias() -> tuple[Linear, torch.Tensor]:
+    """A 64 -> 48 layer with a bias, and 5 rows of input (drawn after ``conftest``'s per-test seed)."""
     layer = Linear(64, 48, bias=True)
-    torch.nn.init.normal_(layer.weight, generator=g)  # type: ignore[arg-type]
-    torch.nn.init.normal_(layer.bias, generator=g)  # type: ignore[arg-type]
-    return layer, torch.randn(5, 64, generator=g)
+    torch.nn.init.normal_(layer.weight)  # type: ignore[arg-type]
+    torch.nn.init.normal_(layer.bias)  # type: ignore[arg-type]
+    return layer, torch.randn(5, 64)
 
 
 def test_quantized_linear_layer_keeps_its_bias_and_shrinks() -> None:
-    layer, x = _seeded_linear(1)
+    layer, x = _linear_with_bias()
     ref = layer(x)
     before = layer.weight_bytes
     layer.quantize("int8")
@@ -103,9 +102,9 @@ def test_glu_linear_adds_its_bias_before_the_activation(mode: str) -> None:
 
     The reference takes the layer's own weight after quantizing (dequantized), so what is compared
     is where the bias goes, not int8's rounding: the product of two rounded halves once strayed past
-    the tolerance on unseeded data.
+    the tolerance (on data drawn before the tests were seeded).
     """
-    layer, x = _seeded_linear(2)
+    layer, x = _linear_with_bias()
     layer.quantize(mode)  # type: ignore[arg-type]
     weight = layer.weight if layer.qweight is None else quant.dequantize(layer.qweight)  # type: ignore[arg-type]
     assert weight is not None and layer.bias is not None
