@@ -152,18 +152,24 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             # The tool's run from the tiles before (qkv 16 x 1,024, o and down 32 x 512 split 4, none
             # ahead) kept one a shape: 483.9 / 483.8 -> 499.4 / 499.7 tok/s, alternated. Alone, qkv
             # 8.5 -> 6.8 us; o 6.2 -> 6.0 and down 15.4 -> 15.6 (faster alone without ``ahead``, slower
-            # in the step; 2026-11-27)
+            # in the step; 2026-11-27); down's tile since, below
             # NOTE(h7): down also holds 2 runs of each group a thread (``runs``): 11 % fewer loop
             # instructions (sm_90 SASS, 497 against 559 a step), alone 14.5 against 15.3-15.6 us, and
             # the step 499.3-499.6 -> 504.6-504.8 tok/s, alternated twice. The same for qkv, o,
             # gate_up or the LM head was no faster or slower in the step (2026-11-27)
+            # NOTE(h7): down unsplit, 16 x 1,024 over 8 warps (126 registers): no split-K partials
+            # and arrival at the end of the step's longest GEMV. Tried in the step, which
+            # bench.tune_step never did (it tries 2 and 4 warps): 535.7-535.9 against 531.8-532.0
+            # tok/s for 16 x 512 split 2 over 4 warps, alternated four times on the H100; 4 warps,
+            # 32 rows, 8 rows, 2,048 bytes, runs 1 or 4, or no ``ahead`` at this tile were slower
+            # (2026-12-07, bench/results/int4_step_tiles_2026-12-07_h100.json)
             bn, warps, split, prefetch, ahead = 16, 4, 1, True, True
             if n > 4096:
                 bk = 1024
             elif k_iter_cols <= 2048:
                 bk = 2048
             else:
-                bk, split, runs = 512, 2, (2 if group % 32 == 0 else 1)
+                bk, warps, runs = 1024, 8, (2 if group % 32 == 0 else 1)
         elif k_iter_cols >= 1024:
             # NOTE(h7): the half2 int4 GEMV over the 8B gate_up and LM head on the H100: 8 rows x 1,024
             # bytes over 2 warps, 25.3 and 103.3 us; the fp32 FMA loop's best tiles of up to 512 bytes
