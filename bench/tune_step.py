@@ -8,8 +8,11 @@ step (2026-11-27: three int4 tiles faster alone made the 8B step 1.9 % slower). 
 step (``bench.engine_gpu.decode_rate``) with each of the ``--top`` fastest pinned, the other shapes at
 their current choice, and keep the fastest if it beats the current one by more than ``--margin``.
 Last, the defaults against the tiles kept, alternated twice. Prints each trial; writes JSON.
+``--tiles`` names tiles to try in the step directly instead, each followed by the current choice
+re-timed (no ranking alone: a tile slow alone may still be the fastest in the step).
 
     python -m bench.tune_step --mode int4 --json $OUT/tune_step_int4.json
+    python -m bench.tune_step --mode int4 --tiles 'down=16x1024w8pau2,16x512w4s2pau2;o=16x2048w8p' --json $OUT/t.json
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 
 from bench.engine_gpu import SHAPES, _run_all, decode_rate, graph_time_ms
 from bench.gpu_decoder import KERNEL_KIND, Decoder, Shape
+from bench.probe_int4_xpack import Tile
 from kernels import int4_gemv, quant_matmul
 from kernels._matmul_config import Config
 
@@ -48,7 +52,7 @@ def grid(kind: str, n: int, k_iter: int, group: int) -> list[Config]:
     out = []
     for bn in (8, 16) if wide else (8, 16, 32):
         for bk in (512, 1024, 2048):
-            for warps in (2, 4):
+            for warps in (2, 4, 8):
                 for split in (1,) if wide else (1, 2, 4, 8):
                     for (prefetch, ahead), runs in itertools.product(loads, runs_tried):
                         cfg = Config("gemv", bn, bk, split, num_warps=warps, prefetch=prefetch, ahead=ahead, runs=runs)
@@ -60,6 +64,16 @@ def grid(kind: str, n: int, k_iter: int, group: int) -> list[Config]:
     return out
 
 
+def named_tiles(spec: str) -> dict[str, list[Config]]:
+    """``--tiles``: ``"down=16x1024w8pau2,16x512w4s2pau2;o=16x2048w8p"`` -> each GEMV's configs (``Tile`` specs)."""
+    out: dict[str, list[Config]] = {}
+    for part in filter(None, spec.split(";")):
+        name, _, tiles = part.partition("=")
+        configs = [Tile(t).config() for t in tiles.split(",")]
+        out[name.strip()] = [c for c in configs if c is not None]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
@@ -68,6 +82,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=5, help="tiles a shape tried in the step")
     ap.add_argument("--margin", type=float, default=0.005, help="gain over the current choice needed to keep a tile")
     ap.add_argument("--steps", type=int, default=128, help="decode steps a trial times")
+    ap.add_argument(
+        "--tiles", default="", help="NAME=TILE,...;... tried in the step directly (bench.probe_int4_xpack.Tile specs)"
+    )
     ap.add_argument("--json", default="bench/results/tune_step.json")
     a = ap.parse_args()
     s: Shape = SHAPES[a.shape]
@@ -79,21 +96,28 @@ def main() -> None:
 
     log: list[dict[str, object]] = []
     kept: dict[tuple[int, int], Config] = {}
+    named = named_tiles(a.tiles)
     print(f"{a.shape} {a.mode}: start {rate():.1f} tok/s", flush=True)
     for name, layers, glu in dec.layer_groups():
+        if named and name not in named:
+            continue
         n, k = layers[0].n, layers[0].k
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         default = layers[0].default_config(1)
         run = partial(_run_all, layers, x, glu)
         alone: list[tuple[float, Config]] = []
-        for cfg in grid(kind, n, layers[0].k_iter, layers[0].scale_group):
-            quant_matmul.set_config(kind, 1, n, k, cfg)
-            graph_time_ms(run, 1)  # compiles
-            alone.append((graph_time_ms(run, 3) / len(layers) * 1e3, cfg))
-        alone.sort(key=lambda t: t[0])
+        if not named:
+            for cfg in grid(kind, n, layers[0].k_iter, layers[0].scale_group):
+                quant_matmul.set_config(kind, 1, n, k, cfg)
+                graph_time_ms(run, 1)  # compiles
+                alone.append((graph_time_ms(run, 3) / len(layers) * 1e3, cfg))
+            alone.sort(key=lambda t: t[0])
+        picks = named.get(name) or [c for _, c in alone if c != default][: a.top]
         trials = []
-        for _, cfg in [t for t in alone if t[1] != default][: a.top]:
+        for cfg in picks:
             quant_matmul.set_config(kind, 1, n, k, cfg)
+            if named:
+                rate(16)  # compiles (the round alone has compiled the others)
             trials.append((rate(), cfg))
             print(
                 f"  {name} {cfg.block_n} x {cfg.block_k} split {cfg.split_k} {cfg.num_warps} warps"
