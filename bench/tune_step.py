@@ -8,8 +8,8 @@ step (2026-11-27: three int4 tiles faster alone made the 8B step 1.9 % slower). 
 step (``bench.engine_gpu.decode_rate``) with each of the ``--top`` fastest pinned, the other shapes at
 their current choice, and keep the fastest if it beats the current one by more than ``--margin``.
 Last, the defaults against the tiles kept, alternated twice. Prints each trial; writes JSON.
-``--tiles`` names tiles to try in the step directly instead, each followed by the current choice
-re-timed (no ranking alone: a tile slow alone may still be the fastest in the step).
+``--tiles`` names the tiles to try in the step instead, with no round alone (a tile slow alone may
+still be the fastest in the step), and only for the GEMVs it names.
 
     python -m bench.tune_step --mode int4 --json $OUT/tune_step_int4.json
     python -m bench.tune_step --mode int4 --tiles 'down=16x1024w8pau2,16x512w4s2pau2;o=16x2048w8p' --json $OUT/t.json
