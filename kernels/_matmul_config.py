@@ -157,12 +157,12 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
             # instructions (sm_90 SASS, 497 against 559 a step), alone 14.5 against 15.3-15.6 us, and
             # the step 499.3-499.6 -> 504.6-504.8 tok/s, alternated twice. The same for qkv, o,
             # gate_up or the LM head was no faster or slower in the step (2026-11-27)
-            # NOTE(h7): down unsplit, 16 x 1,024 over 8 warps (126 registers): no split-K partials
-            # and arrival, no last program summing them at the layer's end. Tried in the step (bench.tune_step's
-            # grid then held 2 and 4 warps only): 535.7-535.9 against 531.8-532.0
-            # tok/s for 16 x 512 split 2 over 4 warps, alternated four times on the H100; 4 warps,
-            # 32 rows, 8 rows, 2,048 bytes, runs 1 or 4, or no ``ahead`` at this tile were slower
-            # (2026-12-07, bench/results/int4_step_tiles_2026-12-07_h100.json)
+            # NOTE(h7): down unsplit, 16 x 1,024 over 8 warps (126 registers): no split-K partials,
+            # arrival, nor a last program summing them at the layer's end. Tried in the step
+            # (bench.tune_step's grid then held 2 and 4 warps only): 535.7-535.9 against
+            # 531.8-532.0 tok/s for 16 x 512 split 2 over 4 warps, alternated four times on the
+            # H100; 4 warps, 32 rows, 8 rows, 2,048 bytes, runs 1 or 4, or no ``ahead`` at this
+            # tile were slower (2026-12-07, bench/results/int4_step_tiles_2026-12-07_h100.json)
             bn, warps, split, prefetch, ahead = 16, 4, 1, True, True
             if n > 4096:
                 bk = 1024
