@@ -170,6 +170,8 @@ def default_config(kind: Kind, m: int, n: int, k_iter_cols: int, group: int, *, 
                 bk = 2048
             else:
                 bk, warps, runs = 1024, 8, (2 if group % 32 == 0 else 1)
+                # a narrower down (a smaller model's) keeps a program a multiprocessor; not measured
+                split = 1 if -(-n // bn) >= sms else 2
         elif k_iter_cols >= 1024:
             # NOTE(h7): the half2 int4 GEMV over the 8B gate_up and LM head on the H100: 8 rows x 1,024
             # bytes over 2 warps, 25.3 and 103.3 us; the fp32 FMA loop's best tiles of up to 512 bytes

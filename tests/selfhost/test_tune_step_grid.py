@@ -32,6 +32,8 @@ def test_int4_grid_holds_the_default_down_tile_of_eight_warps():
     down = default_config("int4", 1, 4096, 7168, 128, interp=False, sms=132)
     assert down.num_warps == 8 and down.split_k == 1
     assert down in grid("int4", 4096, 7168, 128)
+    # a down of 2,048 outputs (128 tiles) splits K in two, so that every multiprocessor has a program
+    assert default_config("int4", 1, 2048, 4096, 128, interp=False, sms=132).split_k == 2
 
 
 def test_named_tiles_parse_each_gemvs_specs_in_order():
