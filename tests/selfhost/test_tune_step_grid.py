@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from bench.tune_step import grid, named_tiles
 
+from kernels._matmul_config import default_config
+
 
 def test_int4_half2_grid_tries_each_run_count_the_group_allows():
     for group, runs in ((128, {1, 2, 4}), (64, {1, 2, 4}), (32, {1, 2})):
@@ -27,8 +29,6 @@ def test_grids_without_the_half2_loop_keep_one_run():
 
 def test_int4_grid_holds_the_default_down_tile_of_eight_warps():
     """The 8B down projection's default (unsplit, 8 warps) is a tile the tuner can reach."""
-    from kernels._matmul_config import default_config
-
     down = default_config("int4", 1, 4096, 7168, 128, interp=False, sms=132)
     assert down.num_warps == 8 and down.split_k == 1
     assert down in grid("int4", 4096, 7168, 128)
