@@ -7,7 +7,7 @@ step (2026-11-27: three int4 tiles faster alone made the 8B step 1.9 % slower). 
 (one pass of coordinate descent): rank the grid of GEMV tiles by time alone, time the whole decode
 step (``bench.engine_gpu.decode_rate``) with each of the ``--top`` fastest pinned, the other shapes at
 their current choice, and keep the fastest if it beats the current one by more than ``--margin``.
-Last, the defaults against the tiles kept, alternated twice. Prints each trial; writes JSON.
+Last, the defaults against the tiles kept, alternated twice. Prints each trial; writes JSON after each shape.
 ``--tiles`` names the tiles to try in the step instead, with no round alone (a tile slow alone may
 still be the fastest in the step), and only for the GEMVs it names.
 
@@ -96,6 +96,22 @@ def main() -> None:
 
     log: list[dict[str, object]] = []
     kept: dict[tuple[int, int], Config] = {}
+    final: dict[str, list[float]] = {"default": [], "kept": []}
+
+    def write() -> None:
+        """The JSON so far: written after every shape, so a run cut short keeps what it measured."""
+        out = {
+            "device": torch.cuda.get_device_name(),
+            "date": time.strftime("%Y-%m-%d"),
+            "shape": a.shape,
+            "mode": a.mode,
+            "log": log,
+            "final_tok_s": final,
+            "kept": [[n, k, asdict(c)] for (n, k), c in kept.items()],
+        }
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
     named = named_tiles(a.tiles)
     print(f"{a.shape} {a.mode}: start {rate():.1f} tok/s", flush=True)
     for name, layers, glu in dec.layer_groups():
@@ -143,24 +159,14 @@ def main() -> None:
                 "kept": keep,
             }
         )
-    final: dict[str, list[float]] = {"default": [], "kept": []}
+        write()
     for _ in range(2):
         for tag in final:
             for (n, k), cfg in kept.items():
                 quant_matmul.set_config(kind, 1, n, k, cfg if tag == "kept" else None)
             final[tag].append(rate(256))
     print(f"defaults {final['default']} tok/s, kept tiles {final['kept']}")
-    out = {
-        "device": torch.cuda.get_device_name(),
-        "date": time.strftime("%Y-%m-%d"),
-        "shape": a.shape,
-        "mode": a.mode,
-        "log": log,
-        "final_tok_s": final,
-        "kept": [[n, k, asdict(c)] for (n, k), c in kept.items()],
-    }
-    with open(a.json, "w") as f:
-        json.dump(out, f, indent=1)
+    write()
     print(f"wrote {a.json}")
 
 
