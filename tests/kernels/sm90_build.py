@@ -9,17 +9,21 @@ loads are what gets built. Each case also reports its registers a thread (``ptxa
 that doubled them halved its occupancy once (``kernels.int4_matmul``'s note), and its shared
 memory, which Triton's pipeline stages multiply. Must run without ``TRITON_INTERPRET`` (the
 decorator reads it at import). Prints one line per case and exits 1 if any failed, spilled
-registers or took more shared memory than an sm_90 block may.
+registers or took more shared memory than an sm_90 block may. ``--sass PATTERN`` builds only the
+cases whose name matches and prints their SASS opcode counts (the bundled ``nvdisasm``): how many
+instructions a change to a loop takes or adds, read without a GPU.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import traceback
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -64,6 +68,21 @@ def _registers(ptx: str) -> tuple[int, int]:
     regs = re.search(r"Used (\d+) registers", out)
     spills = re.search(r"(\d+) bytes spill stores", out)
     return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else 0
+
+
+def _sass_counts(cubin: bytes) -> Counter[str]:
+    """Opcode counts (``IMAD.MOV.U32`` counts as ``IMAD``) of a cubin's SASS, from the bundled nvdisasm."""
+    import triton
+
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        sass = subprocess.run(  # noqa: S603 (Triton's own nvdisasm)
+            [str(nvdisasm), "-c", str(path)], capture_output=True, text=True, check=True
+        ).stdout
+    # "/*0040*/  @!P0 IMAD.MOV.U32 R1, ..." -> IMAD
+    return Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass))
 
 
 class Case(NamedTuple):
@@ -287,7 +306,10 @@ def cases() -> list[Case]:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Build every Triton kernel for sm_90 without a GPU.")
+    ap.add_argument("--sass", metavar="PATTERN", help="build only the cases matching this regex; print their SASS")
+    a = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("sm90_build: unset TRITON_INTERPRET (kernels built for the interpreter cannot be compiled)")
         return 2
@@ -297,6 +319,8 @@ def main() -> int:
 
     failed = 0
     for name, fn, consts, types, warps, max_registers, stages in cases():
+        if a.sass and not re.search(a.sass, name):
+            continue
         try:
             sig = _signature(fn, consts, types)
             src = ASTSource(fn, signature=sig, constexprs=consts, attrs=_attrs(fn, sig))
@@ -322,6 +346,10 @@ def main() -> int:
                 f"({regs} registers, {spills} bytes spilled, {shared / 1024:.1f} KB shared{half2})"
             )
             failed += not ok
+            if a.sass:
+                ops = _sass_counts(kernel.asm["cubin"])
+                top = ", ".join(f"{op} {n}" for op, n in ops.most_common(12))
+                print(f"  sass: {sum(ops.values())} instructions; {top}")
         except Exception:  # noqa: BLE001 (report every case, then fail)
             print(f"FAILED: {name}\n{traceback.format_exc(limit=3)}")
             failed += 1

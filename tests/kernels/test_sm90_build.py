@@ -39,3 +39,24 @@ def test_every_kernel_compiles_to_a_cubin_for_sm90(tmp_path):
     covered = set(proc.stdout.splitlines()[0].removeprefix("covered: ").split())
     assert covered == _jit_kernels()
     assert "FAILED" not in proc.stdout
+
+
+def test_sass_flag_builds_only_the_matching_cases_and_counts_their_instructions(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.kernels.sm90_build", "--sass", "^silu and mul$"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("ok: silu and mul ("), lines
+    total, _, ops = lines[1].removeprefix("  sass: ").partition(" instructions; ")
+    counts = dict(op.rsplit(" ", 1) for op in ops.split(", "))
+    assert int(total) >= sum(int(n) for n in counts.values()) > 0
+    assert "MUFU" in counts  # the sigmoid's exp2 on the special function unit
