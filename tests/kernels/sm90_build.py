@@ -51,11 +51,16 @@ def _attrs(fn: Any, sig: dict[str, str]) -> dict[tuple[int, ...], list[list[obje
     return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n][0] in "*i"}
 
 
-def _registers(ptx: str) -> tuple[int, int]:
-    """(registers a thread, bytes of spill stores) of one kernel's PTX, from the bundled ptxas."""
+def _bundled(tool: str) -> Path:
+    """A CUDA tool that ships with Triton (``ptxas``, ``nvdisasm``)."""
     import triton
 
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / tool
+
+
+def _registers(ptx: str) -> tuple[int, int]:
+    """(registers a thread, bytes of spill stores) of one kernel's PTX, from the bundled ptxas."""
+    ptxas = _bundled("ptxas")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
         src.write_text(ptx)
@@ -72,9 +77,7 @@ def _registers(ptx: str) -> tuple[int, int]:
 
 def _sass_counts(cubin: bytes) -> Counter[str]:
     """Opcode counts (``IMAD.MOV.U32`` counts as ``IMAD``) of a cubin's SASS, from the bundled nvdisasm."""
-    import triton
-
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    nvdisasm = _bundled("nvdisasm")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.cubin"
         path.write_bytes(cubin)
