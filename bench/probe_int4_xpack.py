@@ -59,6 +59,15 @@ class Tile:
         )  # fmt: skip
 
 
+def tile_specs(spec: str) -> dict[str, list[str]]:
+    """``--tiles``: ``"gate_up=8x1024w2r72,8x1024w2p;down=16x512w4s2pau2"`` -> each GEMV's ``Tile`` specs, in order."""
+    out: dict[str, list[str]] = {}
+    for part in filter(None, spec.split(";")):
+        name, _, tiles = part.partition("=")
+        out[name.strip()] = tiles.split(",")
+    return out
+
+
 def _launch(x: torch.Tensor, pairs: XPairs, w: Weight, glu: bool, tile: Tile | None) -> torch.Tensor:
     """The library reading x (``tile`` None), or reading ``pairs`` at ``tile``."""
     if tile is None:
@@ -190,7 +199,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": "python -m bench.probe_int4_xpack " + " ".join(f"--{k} '{v}'" for k, v in vars(a).items() if v),
     }
-    extra = {s.split("=")[0]: s.split("=")[1].split(",") for s in a.tiles.split(";") if s}
+    extra = tile_specs(a.tiles)
     groups = {name: (lins, glu) for name, lins, glu in dec.layer_groups()}
     errors: dict[str, dict[str, float]] = {}
     times: dict[str, dict[str, list[float]]] = {}

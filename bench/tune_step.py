@@ -28,7 +28,7 @@ import torch
 
 from bench.engine_gpu import SHAPES, _run_all, decode_rate, graph_time_ms
 from bench.gpu_decoder import KERNEL_KIND, Decoder, Shape
-from bench.probe_int4_xpack import Tile
+from bench.probe_int4_xpack import Tile, tile_specs
 from kernels import int4_gemv, quant_matmul
 from kernels._matmul_config import Config
 
@@ -66,12 +66,8 @@ def grid(kind: str, n: int, k_iter: int, group: int) -> list[Config]:
 
 def named_tiles(spec: str) -> dict[str, list[Config]]:
     """``--tiles``: ``"down=16x1024w8pau2,16x512w4s2pau2;o=16x2048w8p"`` -> each GEMV's configs (``Tile`` specs)."""
-    out: dict[str, list[Config]] = {}
-    for part in filter(None, spec.split(";")):
-        name, _, tiles = part.partition("=")
-        configs = [Tile(t).config() for t in tiles.split(",")]
-        out[name.strip()] = [c for c in configs if c is not None]
-    return out
+    configs = {name: [Tile(t).config() for t in specs] for name, specs in tile_specs(spec).items()}
+    return {name: [c for c in cs if c is not None] for name, cs in configs.items()}
 
 
 def main() -> None:
