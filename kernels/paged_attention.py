@@ -109,11 +109,11 @@ if triton is not None:
         end = tl.minimum(start + part, seq_len)
         t = start + tl.arange(0, BLOCK_N)
         tmask = t < end
-        # the first tile's keys load before the wait, all but the newest (position seq_len - 1)
+        # the first tile loads before the wait unless it holds the newest key (position seq_len - 1)
+        early = start + BLOCK_N < seq_len
         kv_off, kvmask = _kv_offsets(table_ptr, b, st_b, kvh, t, tmask, d, dmask, sc_blk, sc_tok, sc_h, BS)
-        newest = (t == seq_len - 1)[:, None] & kvmask  # (BLOCK_N, BLOCK_D)
-        k = tl.load(kc_ptr + kv_off, mask=kvmask & ~newest, other=0.0)
-        v = tl.load(vc_ptr + kv_off, mask=kvmask & ~newest, other=0.0)
+        k = tl.load(kc_ptr + kv_off, mask=kvmask & early, other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=kvmask & early, other=0.0)
         pdl_enter(PDL)
         out_off = ((b * (S * G * tl.num_programs(1)) + heads * S + sp) * HD)[:, None] + d[None, :]
         lse_off = b * (S * G * tl.num_programs(1)) + heads * S + sp
@@ -127,11 +127,8 @@ if triton is not None:
                 tl.store(part_lse_ptr + lse_off, tl.full((BLOCK_G,), float("-inf"), tl.float32), mask=gmask)
         else:
             if start + BLOCK_N >= seq_len:
-                # NOTE(h7): only the newest key and value after the wait, from L2 where the kernel
-                # waited for wrote them; the program that holds them used to load its whole tile here,
-                # a round trip to DRAM on the critical path that no other program had
-                k = tl.where(newest, tl.load(kc_ptr + kv_off, mask=newest, other=0.0), k)
-                v = tl.where(newest, tl.load(vc_ptr + kv_off, mask=newest, other=0.0), v)
+                k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
+                v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
             q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None] & dmask, other=0.0)
             if DOT_F32:
                 q = q.to(tl.float32)
