@@ -85,11 +85,12 @@ def assert_matches_hf(
 def explain_with_fresh_model(loaded: Loaded) -> Explain:
     """What a failure of the shared model's comparison needs said: does a fresh load of the same file agree?
 
-    NOTE(crossway): the SmolLM2 comparison failed once in CI (step 0 at 1.60e-4, where runs agree
-    to ~1.4e-6) and never again: not in one process over every other test file, with the shared
-    model's parameters, buffers and logits checked after each test. A fresh model that matches
-    HF points at the shared fixture's state; one that does not, at the process (its threads, its
-    torch settings), which this prints too.
+    NOTE(crossway): the SmolLM2 comparison failed in CI twice, each time at step 0 at 1.6e-4, where
+    runs agree to ~1.4e-6; it did not fail in one process over every other test file, with the
+    shared model's parameters, buffers and logits checked after each test. A fresh model that
+    matches HF points at the shared fixture's state (the second failure: fresh 1.43e-6, shared 1.6e-4
+    from fresh), and ``state_diff`` names where it differs; one that does not, at the process (its
+    threads, its torch settings), which this prints too.
     """
 
     def explain(prompt: list[int], continuation: list[int], step: int, ours: torch.Tensor, ref: torch.Tensor) -> str:
@@ -107,11 +108,7 @@ def explain_with_fresh_model(loaded: Loaded) -> Explain:
 
 
 def state_diff(shared: torch.nn.Module, fresh: torch.nn.Module, most: int = 8) -> str:
-    """The first tensors and plain attributes in which two models of one file differ, or "nowhere".
-
-    NOTE(crossway): the second failure (2026-12-07, step 0 at 1.6e-4 again) showed a fresh model
-    matching HF while the shared one did not, so the shared fixture's state differs; this names where.
-    """
+    """The first tensors and plain attributes in which two models of one file differ, or "nowhere"."""
     out = []
     fresh_tensors = {**dict(fresh.named_parameters()), **dict(fresh.named_buffers())}
     for name, t in [*shared.named_parameters(), *shared.named_buffers()]:
