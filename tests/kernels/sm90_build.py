@@ -10,8 +10,9 @@ that doubled them halved its occupancy once (``kernels.int4_matmul``'s note), an
 memory, which Triton's pipeline stages multiply. Must run without ``TRITON_INTERPRET`` (the
 decorator reads it at import). Prints one line per case and exits 1 if any failed, spilled
 registers or took more shared memory than an sm_90 block may. ``--sass PATTERN`` builds only the
-cases whose name matches and prints their SASS opcode counts (the bundled ``nvdisasm``): how many
-instructions a change to a loop takes or adds, read without a GPU.
+cases whose name matches and prints their SASS opcode counts (the bundled ``nvdisasm``), the whole
+kernel's and one pass of each loop's: how many instructions a change to a loop takes or adds, read
+without a GPU.
 """
 
 from __future__ import annotations
@@ -75,17 +76,45 @@ def _registers(ptx: str) -> tuple[int, int]:
     return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else 0
 
 
-def _sass_counts(cubin: bytes) -> Counter[str]:
-    """Opcode counts (``IMAD.MOV.U32`` counts as ``IMAD``) of a cubin's SASS, from the bundled nvdisasm."""
+_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+"""An instruction's opcode in ``nvdisasm -c`` output: "/*0040*/  @!P0 IMAD.MOV.U32 R1, ..." -> IMAD."""
+
+
+def _sass(cubin: bytes) -> str:
+    """A cubin's SASS, from the bundled nvdisasm."""
     nvdisasm = _bundled("nvdisasm")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.cubin"
         path.write_bytes(cubin)
-        sass = subprocess.run(  # noqa: S603 (Triton's own nvdisasm)
+        return subprocess.run(  # noqa: S603 (Triton's own nvdisasm)
             [str(nvdisasm), "-c", str(path)], capture_output=True, text=True, check=True
         ).stdout
-    # "/*0040*/  @!P0 IMAD.MOV.U32 R1, ..." -> IMAD
-    return Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass))
+
+
+def _opcodes(sass: str) -> Counter[str]:
+    """Opcode counts of SASS text (``IMAD.MOV.U32`` counts as ``IMAD``)."""
+    return Counter(_OPCODE.findall(sass))
+
+
+def _loops(sass: str) -> list[tuple[str, Counter[str]]]:
+    """Each loop of the SASS, in the order they close: its label and the opcode counts of one pass.
+
+    A loop runs from a label to a branch back to it; a pass is what lies between, the branch included.
+    The branch to itself after a kernel's last ``EXIT`` is no loop.
+    """
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
+    loops = []
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i - 1:
+            loops.append((m.group(1), _opcodes("\n".join(lines[labels[m.group(1)] : i + 1]))))
+    return loops
+
+
+def _top(ops: Counter[str]) -> str:
+    """``N instructions; OP n, ...`` of the 12 most frequent."""
+    return f"{sum(ops.values())} instructions; " + ", ".join(f"{op} {n}" for op, n in ops.most_common(12))
 
 
 class Case(NamedTuple):
@@ -350,9 +379,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             failed += not ok
             if a.sass:
-                ops = _sass_counts(kernel.asm["cubin"])
-                top = ", ".join(f"{op} {n}" for op, n in ops.most_common(12))
-                print(f"  sass: {sum(ops.values())} instructions; {top}")
+                sass = _sass(kernel.asm["cubin"])
+                print(f"  sass: {_top(_opcodes(sass))}")
+                for label, ops in _loops(sass):
+                    print(f"  loop {label}: {_top(ops)}")
         except Exception:  # noqa: BLE001 (report every case, then fail)
             print(f"FAILED: {name}\n{traceback.format_exc(limit=3)}")
             failed += 1

@@ -60,3 +60,27 @@ def test_sass_flag_builds_only_the_matching_cases_and_counts_their_instructions(
     counts = dict(op.rsplit(" ", 1) for op in ops.split(", "))
     assert int(total) >= sum(int(n) for n in counts.values()) > 0
     assert "MUFU" in counts  # the sigmoid's exp2 on the special function unit
+
+
+def test_sass_flag_counts_one_pass_of_each_loop(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.kernels.sm90_build", "--sass", "^int4 gemv glu pairs$"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    total = int(lines[1].removeprefix("  sass: ").partition(" instructions; ")[0])
+    loops = [line.removeprefix("  loop ").partition(": ") for line in lines[2:]]
+    assert loops and all(label.startswith(".L_x_") for label, _, _ in loops), lines
+    # the K loop, the largest: its half2 FMAs are there, and one pass holds fewer instructions than the kernel
+    body = max((rest for _, _, rest in loops), key=lambda r: int(r.partition(" ")[0]))
+    count, _, ops = body.partition(" instructions; ")
+    assert 0 < int(count) < total
+    assert "HFMA2" in dict(op.rsplit(" ", 1) for op in ops.split(", "))
