@@ -41,11 +41,12 @@ def test_every_kernel_compiles_to_a_cubin_for_sm90(tmp_path):
     assert "FAILED" not in proc.stdout
 
 
-def test_sass_flag_builds_only_the_matching_cases_and_counts_their_instructions(tmp_path):
+def _sass_lines(tmp_path: Path, pattern: str) -> list[str]:
+    """``sm90_build --sass pattern``'s output lines, built afresh (no Triton cache)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.sm90_build", "--sass", "^silu and mul$"],
+    proc = subprocess.run(  # noqa: S603 (our own interpreter and module)
+        [sys.executable, "-m", "tests.kernels.sm90_build", "--sass", pattern],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -54,33 +55,29 @@ def test_sass_flag_builds_only_the_matching_cases_and_counts_their_instructions(
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = proc.stdout.splitlines()
+    return proc.stdout.splitlines()
+
+
+def _counts(text: str) -> tuple[int, dict[str, int]]:
+    """``"N instructions; OP n, ..."`` -> ``(N, {OP: n})``."""
+    total, _, ops = text.partition(" instructions; ")
+    return int(total), {op: int(n) for op, n in (o.rsplit(" ", 1) for o in ops.split(", "))}
+
+
+def test_sass_flag_builds_only_the_matching_cases_and_counts_their_instructions(tmp_path):
+    lines = _sass_lines(tmp_path, "^silu and mul$")
     assert len(lines) == 2 and lines[0].startswith("ok: silu and mul ("), lines
-    total, _, ops = lines[1].removeprefix("  sass: ").partition(" instructions; ")
-    counts = dict(op.rsplit(" ", 1) for op in ops.split(", "))
-    assert int(total) >= sum(int(n) for n in counts.values()) > 0
+    total, counts = _counts(lines[1].removeprefix("  sass: "))
+    assert total >= sum(counts.values()) > 0
     assert "MUFU" in counts  # the sigmoid's exp2 on the special function unit
 
 
 def test_sass_flag_counts_one_pass_of_each_loop(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.sm90_build", "--sass", "^int4 gemv glu pairs$"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = proc.stdout.splitlines()
-    total = int(lines[1].removeprefix("  sass: ").partition(" instructions; ")[0])
+    lines = _sass_lines(tmp_path, "^int4 gemv glu pairs$")
+    total, _ = _counts(lines[1].removeprefix("  sass: "))
     loops = [line.removeprefix("  loop ").partition(": ") for line in lines[2:]]
     assert loops and all(label.startswith(".L_x_") for label, _, _ in loops), lines
     # the K loop, the largest: its half2 FMAs are there, and one pass holds fewer instructions than the kernel
-    body = max((rest for _, _, rest in loops), key=lambda r: int(r.partition(" ")[0]))
-    count, _, ops = body.partition(" instructions; ")
-    assert 0 < int(count) < total
-    assert "HFMA2" in dict(op.rsplit(" ", 1) for op in ops.split(", "))
+    count, ops = max((_counts(rest) for _, _, rest in loops), key=lambda c: c[0])
+    assert 0 < count < total
+    assert "HFMA2" in ops

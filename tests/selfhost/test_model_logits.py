@@ -124,7 +124,10 @@ def state_diff(shared: torch.nn.Module, fresh: torch.nn.Module, most: int = 8) -
         out += [
             f"{name or 'model'}.{k} = {v!r} against {other.get(k)!r}" for k, v in plain.items() if other.get(k) != v
         ]
-    return "; ".join(out[:most]) + (f" (+{len(out) - most} more)" if len(out) > most else "") if out else "nowhere"
+    if not out:
+        return "nowhere"
+    more = f" (+{len(out) - most} more)" if len(out) > most else ""
+    return "; ".join(out[:most]) + more
 
 
 TINY = {
