@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
 """A Llama-shaped decoder over ``kernels/`` for GPU benchmarks: random weights, decode steps in a CUDA graph.
 
 Owns building random bf16 / int8 / int4 weights for a shape, one decode step written only with
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (the torch convention)
 
 from kernels import reference
+from kernels._common import tl, triton
 from kernels._matmul_config import Config, config_for
 from kernels._matmul_launch import finish_unfused
 from kernels.argmax import argmax
@@ -227,6 +229,20 @@ class Decoder:
         return linear.x_pairs(x) if name in self.pairs and producer else None
 
 
+if triton is not None:
+
+    @triton.jit
+    def _advance_kernel(pos_ptr, lens_ptr, slots_ptr, table_ptr, st_b, B, BS: tl.constexpr, BLOCK: tl.constexpr):
+        """Every row one position on: ``positions`` and ``lens`` + 1, ``slots`` the new position's cache slot."""
+        r = tl.arange(0, BLOCK)
+        m = r < B
+        pos = tl.load(pos_ptr + r, mask=m, other=0) + 1
+        tl.store(pos_ptr + r, pos, mask=m)
+        tl.store(lens_ptr + r, tl.load(lens_ptr + r, mask=m, other=0) + 1, mask=m)
+        blk = tl.load(table_ptr + r * st_b + pos // BS, mask=m, other=0).to(tl.int64)
+        tl.store(slots_ptr + r, blk * BS + pos % BS, mask=m)
+
+
 class DecodeState:
     """Static device buffers of one decode batch: ids, positions, slots, block tables, lengths, KV cache."""
 
@@ -258,10 +274,17 @@ class DecodeState:
         self.slots.copy_(blk * self.block_size + self.positions % self.block_size)
 
     def advance(self) -> None:
-        """Move every row to its next position (device ops only, so it can live inside a CUDA graph)."""
-        self.positions.add_(1)
-        self.lens.add_(1)
-        self._set_slots()
+        """Move every row to its next position (one kernel, so it can live inside a CUDA graph).
+
+        NOTE(h7): one launch where torch's ops took seven (adds, the slot gather and its casts): on the
+        H100 at batch 1 on the 8B shape, int4 541.2 -> 545.0 tok/s and bf16 199.1 -> 199.6, alternated
+        twice in one process (2026-12-07, bench/results/step_shared_work_2026-12-07_h100.json).
+        """
+        b = self.positions.shape[0]
+        _advance_kernel[(1,)](
+            self.positions, self.lens, self.slots, self.tables, self.tables.stride(0), b,
+            BS=self.block_size, BLOCK=max(16, triton.next_power_of_2(b)),
+        )  # fmt: skip
 
     def reset(self) -> None:
         """Back to the first decode position."""
