@@ -255,10 +255,10 @@ class DecodeState:
         self.start = context
         # scattered, distinct blocks per row, as a paged cache hands them out
         self.tables = torch.randperm(num_blocks, device=dev).view(batch, max_blocks).to(torch.int32)
-        self.positions = torch.full((batch,), context, device=dev, dtype=torch.long)
-        self.lens = torch.full((batch,), context + 1, device=dev, dtype=torch.int32)
+        self.positions = torch.empty(batch, device=dev, dtype=torch.long)
+        self.lens = torch.empty(batch, device=dev, dtype=torch.int32)
         self.slots = torch.empty(batch, device=dev, dtype=torch.long)
-        self._set_slots()
+        self.reset()
         kv_shape = (num_blocks, block_size, shape.kv_heads, shape.head_dim)
         # random, not zeros: the context the first `context` tokens would have written
         self.kv = [
@@ -268,10 +268,6 @@ class DecodeState:
             )
             for _ in range(shape.layers)
         ]
-
-    def _set_slots(self) -> None:
-        blk = self.tables.gather(1, (self.positions // self.block_size).unsqueeze(1)).squeeze(1).long()
-        self.slots.copy_(blk * self.block_size + self.positions % self.block_size)
 
     def advance(self) -> None:
         """Move every row to its next position (one kernel, so it can live inside a CUDA graph).
@@ -287,10 +283,10 @@ class DecodeState:
         )  # fmt: skip
 
     def reset(self) -> None:
-        """Back to the first decode position."""
-        self.positions.fill_(self.start)
-        self.lens.fill_(self.start + 1)
-        self._set_slots()
+        """Back to the first decode position: one before it, then ``advance`` (the one place slots are computed)."""
+        self.positions.fill_(self.start - 1)
+        self.lens.fill_(self.start)
+        self.advance()
 
 
 def capture(decoder: Decoder, st: DecodeState, warmup: int = 3) -> torch.cuda.CUDAGraph:
